@@ -1,0 +1,208 @@
+// Package manifest is agentstate's metadata plane: tree blobs (one per
+// directory, deterministically encoded so an unchanged subtree keeps its id
+// and is reused without upload), manifests (one committed checkpoint of a
+// lineage), the create-only commit protocol, and newest-first selection.
+//
+// Everything decoded here comes from the bucket and is untrusted: decoders
+// are strict (unknown fields, unsorted or duplicate names, names that could
+// leave a directory, impossible sizes are all errors) and fuzzed.
+package manifest
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/agentstate/agentstate/segments"
+)
+
+// ErrInvalid marks a tree or manifest that fails validation. Callers treat
+// it like corruption: the manifest that needs it is not complete.
+var ErrInvalid = errors.New("invalid metadata")
+
+// Type is an entry's file type.
+type Type string
+
+const (
+	TypeFile    Type = "f"
+	TypeDir     Type = "d"
+	TypeSymlink Type = "l"
+)
+
+// TreeVersion is the tree encoding version.
+const TreeVersion = 1
+
+// Limits that keep a hostile tree from exhausting memory or paths.
+const (
+	MaxNameLen     = 255
+	MaxTargetLen   = 4096
+	MaxEntries     = 1 << 20
+	maxRefsPerFile = 1 << 22
+)
+
+// Entry is one name in a directory.
+type Entry struct {
+	Name  string `json:"name"`
+	Type  Type   `json:"type"`
+	Mode  uint32 `json:"mode"`  // permission bits, including setuid/setgid/sticky
+	MTime int64  `json:"mtime"` // Unix nanoseconds
+	// Files: Size is the content length; Content the chunks in order.
+	Size    int64          `json:"size,omitempty"`
+	Content []segments.Ref `json:"content,omitempty"`
+	// Directories: the tree blob that lists it.
+	Tree *segments.Ref `json:"tree,omitempty"`
+	// Symlinks: the link text, stored as is and never followed.
+	Target string `json:"target,omitempty"`
+	// Deleted, when non-zero, is when the entry left the live tree (Unix
+	// nanoseconds): a deletion tombstone kept for the retention window.
+	// Restore skips such entries unless asked.
+	Deleted int64 `json:"deleted,omitempty"`
+}
+
+// Tree lists one directory, entries sorted by name (byte order).
+type Tree struct {
+	Version int     `json:"v"`
+	Entries []Entry `json:"entries"`
+}
+
+// ValidName reports whether name can be one path component under a restore
+// target: not empty, ".", or "..", no '/', no NUL, valid UTF-8, bounded.
+func ValidName(name string) error {
+	switch {
+	case name == "" || name == "." || name == "..":
+		return fmt.Errorf("%w: name %q is not a file name", ErrInvalid, name)
+	case len(name) > MaxNameLen:
+		return fmt.Errorf("%w: name of %d bytes is too long", ErrInvalid, len(name))
+	case strings.ContainsAny(name, "/\x00"):
+		return fmt.Errorf("%w: name %q contains '/' or NUL", ErrInvalid, name)
+	case !utf8.ValidString(name):
+		return fmt.Errorf("%w: name %q is not valid UTF-8", ErrInvalid, name)
+	}
+	return nil
+}
+
+// Validate checks every invariant a decoded tree must hold.
+func (t *Tree) Validate() error {
+	if t.Version != TreeVersion {
+		return fmt.Errorf("%w: tree version %d, want %d", ErrInvalid, t.Version, TreeVersion)
+	}
+	if len(t.Entries) > MaxEntries {
+		return fmt.Errorf("%w: %d entries", ErrInvalid, len(t.Entries))
+	}
+	for i := range t.Entries {
+		e := &t.Entries[i]
+		if err := e.validate(); err != nil {
+			return err
+		}
+		if i > 0 && t.Entries[i-1].Name >= e.Name {
+			return fmt.Errorf("%w: names %q, %q not strictly sorted", ErrInvalid, t.Entries[i-1].Name, e.Name)
+		}
+	}
+	return nil
+}
+
+func (e *Entry) validate() error {
+	if err := ValidName(e.Name); err != nil {
+		return err
+	}
+	if e.Mode&^0o7777 != 0 {
+		return fmt.Errorf("%w: %q: mode %o has non-permission bits", ErrInvalid, e.Name, e.Mode)
+	}
+	if e.Deleted < 0 {
+		return fmt.Errorf("%w: %q: negative deletion time", ErrInvalid, e.Name)
+	}
+	bad := func(what string) error { return fmt.Errorf("%w: %q (%s): %s", ErrInvalid, e.Name, e.Type, what) }
+	switch e.Type {
+	case TypeFile:
+		if e.Tree != nil || e.Target != "" {
+			return bad("file with tree or target")
+		}
+		if len(e.Content) > maxRefsPerFile {
+			return bad("too many chunks")
+		}
+		var sum int64
+		for _, r := range e.Content {
+			if err := validRef(r); err != nil {
+				return bad(err.Error())
+			}
+			if r.Size > segments.MaxBlobSize {
+				return bad("chunk larger than a blob can be")
+			}
+			sum += r.Size
+		}
+		if sum != e.Size {
+			return bad(fmt.Sprintf("chunks add up to %d bytes, size says %d", sum, e.Size))
+		}
+	case TypeDir:
+		if e.Tree == nil || len(e.Content) != 0 || e.Target != "" || e.Size != 0 {
+			return bad("directory needs a tree and nothing else")
+		}
+		if err := validRef(*e.Tree); err != nil {
+			return bad(err.Error())
+		}
+	case TypeSymlink:
+		if e.Target == "" || len(e.Target) > MaxTargetLen || strings.ContainsRune(e.Target, 0) {
+			return bad("symlink target empty, too long or with NUL")
+		}
+		if e.Tree != nil || len(e.Content) != 0 || e.Size != 0 {
+			return bad("symlink with content")
+		}
+	default:
+		return fmt.Errorf("%w: %q: unknown type %q", ErrInvalid, e.Name, e.Type)
+	}
+	return nil
+}
+
+func validRef(r segments.Ref) error {
+	if r.Offset < 0 || r.Length <= 0 || r.Size < 0 || r.Offset > (1<<40) || r.Length > (1<<31) {
+		return fmt.Errorf("reference %s has impossible offset %d / length %d / size %d", r.Blob, r.Offset, r.Length, r.Size)
+	}
+	return nil
+}
+
+// EncodeTree returns the canonical encoding of t. The same tree always
+// encodes to the same bytes, so its blob id is stable.
+func EncodeTree(t Tree) ([]byte, error) {
+	t.Version = TreeVersion
+	if t.Entries == nil {
+		t.Entries = []Entry{}
+	}
+	if err := t.Validate(); err != nil {
+		return nil, fmt.Errorf("encode tree: %w", err)
+	}
+	b, err := json.Marshal(t)
+	if err != nil {
+		return nil, fmt.Errorf("encode tree: %w", err)
+	}
+	return b, nil
+}
+
+// DecodeTree parses and validates a tree blob's plaintext.
+func DecodeTree(b []byte) (Tree, error) {
+	var t Tree
+	if err := strictJSON(b, &t); err != nil {
+		return Tree{}, fmt.Errorf("decode tree: %w", err)
+	}
+	if err := t.Validate(); err != nil {
+		return Tree{}, fmt.Errorf("decode tree: %w", err)
+	}
+	return t, nil
+}
+
+// strictJSON decodes exactly one JSON value with no unknown fields and no
+// trailing bytes.
+func strictJSON(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%w: trailing data after JSON value", ErrInvalid)
+	}
+	return nil
+}
