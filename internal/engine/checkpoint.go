@@ -1,0 +1,591 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/agentstate/agentstate/manifest"
+	"github.com/agentstate/agentstate/segments"
+)
+
+// CheckpointOptions names what to checkpoint.
+type CheckpointOptions struct {
+	Lineage string
+	Dir     string
+	// Exclude, if set, drops a path (slash-separated, relative to Dir)
+	// from the checkpoint; a directory is dropped with everything below it.
+	Exclude func(rel string, isDir bool) bool
+}
+
+// CheckpointResult is what one checkpoint did and cost.
+type CheckpointResult struct {
+	Lineage string `json:"lineage"`
+	// Seq is the committed sequence, or the current one when nothing changed.
+	Seq       uint64 `json:"seq"`
+	Committed bool   `json:"committed"`
+	Files     int    `json:"files"`
+	// FilesRead were read because their stat changed; FilesChanged are the
+	// paths whose content or metadata differs from the previous checkpoint.
+	FilesRead        int           `json:"files_read"`
+	FilesChanged     int           `json:"files_changed"`
+	BlobsUploaded    int           `json:"blobs_uploaded"`
+	SegmentsUploaded int           `json:"segments_uploaded"`
+	BytesUploaded    int64         `json:"bytes_uploaded"`
+	Requests         int64         `json:"requests"`
+	Duration         time.Duration `json:"duration_ns"`
+	Skipped          []string      `json:"skipped,omitempty"`
+}
+
+// stagingPrefix names restore's staging directories inside a target; a
+// checkpoint never takes them.
+const stagingPrefix = ".agentstate-restore-"
+
+// lazyRef is a reference that may still wait for its segment to be sealed.
+type lazyRef struct {
+	ref  segments.Ref
+	pend *segments.Pending
+}
+
+func (l lazyRef) get() segments.Ref {
+	if l.pend != nil {
+		r, _ := l.pend.Ref()
+		return r
+	}
+	return l.ref
+}
+
+type node struct {
+	name     string
+	rel      string
+	typ      manifest.Type
+	mode     uint32
+	mtime    int64
+	size     int64
+	target   string
+	content  []lazyRef
+	children []*node
+	state    fileState
+	tree     lazyRef
+	key      segments.ID // location-free, see manifest.TreeKey
+}
+
+type checkpointRun struct {
+	e        *Engine
+	ctx      context.Context
+	opts     CheckpointOptions
+	ix       *index
+	known    map[segments.ID]segments.Ref
+	pending  map[segments.ID]*segments.Pending
+	up       *segments.Uploader
+	data     *segments.Packer
+	trees    *segments.Packer
+	params   segments.ChunkParams
+	started  time.Time
+	res      *CheckpointResult
+	blobsNew int
+}
+
+// Checkpoint uploads what changed in opts.Dir and commits a manifest last.
+// An unchanged tree costs no request at all.
+func (e *Engine) Checkpoint(ctx context.Context, opts CheckpointOptions) (*CheckpointResult, error) {
+	start := time.Now()
+	before := e.st.Stats().Requests()
+	res := &CheckpointResult{Lineage: opts.Lineage}
+	if err := manifest.ValidLineage(opts.Lineage); err != nil {
+		return nil, err
+	}
+	dir, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", opts.Dir, err)
+	}
+	if fi, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", dir, err)
+	} else if !fi.IsDir() {
+		return nil, fmt.Errorf("checkpoint %s: not a directory", dir)
+	}
+	opts.Dir = dir
+	unlock, err := e.state.lock(ctx, opts.Lineage)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+
+	err = e.checkpointLocked(ctx, opts, res)
+	res.Requests = e.st.Stats().Requests() - before
+	res.Duration = time.Since(start)
+	if err != nil {
+		return res, fmt.Errorf("checkpoint %s of %q: %w", dir, opts.Lineage, err)
+	}
+	return res, nil
+}
+
+func (e *Engine) checkpointLocked(ctx context.Context, opts CheckpointOptions, res *CheckpointResult) error {
+	cfg, err := e.config(ctx, true)
+	if err != nil {
+		return err
+	}
+	writer, err := e.state.writerID()
+	if err != nil {
+		return err
+	}
+	ix, err := e.currentIndex(ctx, opts.Lineage, opts.Dir)
+	if err != nil {
+		return err
+	}
+	r := &checkpointRun{e: e, ctx: ctx, opts: opts, ix: ix, known: ix.known(),
+		pending: map[segments.ID]*segments.Pending{}, params: e.chunkParams(cfg),
+		started: time.Now(), res: res}
+	r.up = segments.NewUploader(e.st, e.par, e.log)
+	r.data = segments.NewPacker(r.up, segments.KindData, cfg.SegmentSize)
+	r.trees = segments.NewPacker(r.up, segments.KindTree, cfg.SegmentSize)
+
+	root := &node{typ: manifest.TypeDir}
+	scanErr := r.scanDir(root, opts.Dir)
+	if scanErr == nil {
+		// Data references must be final before trees that hold them encode.
+		r.data.Flush(ctx)
+		r.buildTree(root)
+		r.trees.Flush(ctx)
+	}
+	upErr := r.up.Wait()
+	st := r.up.Stats()
+	res.SegmentsUploaded, res.BytesUploaded, res.BlobsUploaded = int(st.Segments), st.Bytes, r.blobsNew
+	if scanErr != nil {
+		return scanErr
+	}
+	if upErr != nil {
+		return fmt.Errorf("upload segments (no manifest committed): %w", upErr)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+
+	files, dirs, segs, totals := r.collect(root)
+	rootRef := root.tree.get()
+	res.Files = int(totals.Files)
+	for rel := range ix.Files {
+		if _, ok := files[rel]; !ok {
+			res.FilesChanged++ // deleted
+		}
+	}
+	res.Seq = ix.Seq
+	if ix.Seq > 0 && ix.Base == ix.Seq && root.key == ix.Dirs[""].Key {
+		// Nothing to commit; keep refreshed stat data so the next idle
+		// checkpoint does not re-read files (a local write, no request).
+		if res.FilesRead > 0 {
+			ix.Files = files
+			if err := e.state.saveIndex(ix); err != nil {
+				e.log.Warn("cannot save local index", "lineage", opts.Lineage, "err", err)
+			}
+		}
+		return nil
+	}
+	m := &manifest.Manifest{Version: manifest.Version, Lineage: opts.Lineage,
+		Seq: ix.Seq + 1, Parent: ix.Seq, Time: e.now().UTC(), Writer: writer,
+		Root: rootRef, Totals: totals, Segments: segs}
+	if err := e.commit(ctx, m, writer); err != nil {
+		return err
+	}
+	res.Seq, res.Committed = m.Seq, true
+	ix.Seq, ix.Base, ix.Root, ix.Files, ix.Dirs = m.Seq, m.Seq, rootRef, files, dirs
+	if err := e.state.saveIndex(ix); err != nil {
+		// The commit stands; a lost index is rebuilt from it next time.
+		e.log.Warn("committed, but cannot save local index", "lineage", opts.Lineage, "err", err)
+	}
+	return nil
+}
+
+// commit writes m; a conflict with a manifest our own writer committed (we
+// crashed after the commit, before saving the index) is not another writer:
+// build on it and commit the next sequence once.
+func (e *Engine) commit(ctx context.Context, m *manifest.Manifest, writer string) error {
+	err := manifest.Commit(ctx, e.st, m)
+	if !errors.Is(err, manifest.ErrConflict) {
+		return err
+	}
+	other, lerr := manifest.Load(ctx, e.st, m.Lineage, m.Seq)
+	if lerr != nil || other.Writer != writer {
+		return err
+	}
+	e.log.Info("sequence already committed by this writer before a crash; committing the next one",
+		"lineage", m.Lineage, "seq", m.Seq)
+	m.Parent, m.Seq = m.Seq, m.Seq+1
+	return manifest.Commit(ctx, e.st, m)
+}
+
+// currentIndex returns the local index, rebuilt from the newest manifest
+// that verifies when it is missing, corrupt or of another tree.
+func (e *Engine) currentIndex(ctx context.Context, lineage, dir string) (*index, error) {
+	ix, err := e.state.loadIndex(lineage, e.st.String())
+	if err != nil && !errors.Is(err, errCorruptIndex) {
+		return nil, err
+	}
+	if errors.Is(err, errCorruptIndex) {
+		e.log.Warn("local index is corrupt; rebuilding it from the newest manifest", "lineage", lineage)
+	}
+	if ix != nil && ix.Dir == dir {
+		return ix, nil
+	}
+	return e.rebuildIndex(ctx, lineage, dir)
+}
+
+// rebuildIndex reconstructs the index from the store: references only, no
+// stat data, so every file is read once more but nothing known is uploaded.
+func (e *Engine) rebuildIndex(ctx context.Context, lineage, dir string) (*index, error) {
+	ix := newIndex(e.st.String(), lineage, dir)
+	seqs, err := manifest.Sequences(ctx, e.st, lineage)
+	if err != nil {
+		return nil, err
+	}
+	if len(seqs) == 0 {
+		return ix, nil
+	}
+	ix.Seq = seqs[0]
+	for _, seq := range seqs {
+		m, err := manifest.Load(ctx, e.st, lineage, seq)
+		if err == nil {
+			err = e.fillIndex(ctx, ix, m)
+		}
+		if err == nil {
+			return ix, nil
+		}
+		if !isCandidateError(err) {
+			return nil, err
+		}
+		e.log.Warn("manifest unusable for the index, trying the one before", "lineage", lineage, "seq", seq, "err", err)
+		ix.Files, ix.Dirs = map[string]fileState{}, map[string]dirState{}
+	}
+	return ix, nil
+}
+
+func (e *Engine) fillIndex(ctx context.Context, ix *index, m *manifest.Manifest) error {
+	ix.Base, ix.Root = m.Seq, m.Root
+	return e.walk(ctx, m.Root, func(rel string, en *manifest.Entry) error {
+		if en.Deleted != 0 {
+			return nil
+		}
+		switch en.Type {
+		case manifest.TypeFile, manifest.TypeSymlink:
+			content := make([]segments.Ref, len(en.Content))
+			copy(content, en.Content)
+			ix.Files[rel] = fileState{Type: en.Type, Mode: en.Mode, Size: en.Size, Target: en.Target,
+				Content: content, Racy: true}
+		}
+		return nil
+	}, func(rel string, ref segments.Ref, key segments.ID) {
+		ix.Dirs[rel] = dirState{Tree: ref, Key: key}
+	})
+}
+
+// scanDir fills n with the directory at abs, reading changed files.
+func (r *checkpointRun) scanDir(n *node, abs string) error {
+	ents, err := os.ReadDir(abs)
+	if err != nil {
+		return fmt.Errorf("read directory %s: %w", abs, err)
+	}
+	for _, d := range ents {
+		if err := r.ctx.Err(); err != nil {
+			return err
+		}
+		name := d.Name()
+		rel := name
+		if n.rel != "" {
+			rel = n.rel + "/" + name
+		}
+		if n.rel == "" && strings.HasPrefix(name, stagingPrefix) {
+			continue
+		}
+		if manifest.ValidName(name) != nil {
+			r.skip(rel, "name cannot be stored")
+			continue
+		}
+		path := filepath.Join(abs, name)
+		fi, err := os.Lstat(path)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // deleted while we scanned
+		}
+		if err != nil {
+			return fmt.Errorf("stat %s: %w", path, err)
+		}
+		isDir := fi.IsDir()
+		if r.opts.Exclude != nil && r.opts.Exclude(rel, isDir) {
+			continue
+		}
+		c := &node{name: name, rel: rel, mode: uint32(fi.Mode().Perm()) | specialBits(fi.Mode()),
+			mtime: fi.ModTime().UnixNano()}
+		switch {
+		case isDir:
+			c.typ = manifest.TypeDir
+			if err := r.scanDir(c, path); err != nil {
+				return err
+			}
+		case fi.Mode()&os.ModeSymlink != 0:
+			target, err := os.Readlink(path)
+			if err != nil {
+				return fmt.Errorf("read symlink %s: %w", path, err)
+			}
+			if target == "" || len(target) > manifest.MaxTargetLen {
+				r.skip(rel, "symlink target cannot be stored")
+				continue
+			}
+			c.typ, c.target = manifest.TypeSymlink, target
+			c.state = fileState{Type: c.typ, Mode: c.mode, MTime: c.mtime, Target: target}
+			if old, ok := r.ix.Files[rel]; !ok || old.Type != c.typ || old.Target != target || old.Mode != c.mode {
+				r.res.FilesChanged++
+			}
+		case fi.Mode().IsRegular():
+			c.typ = manifest.TypeFile
+			if err := r.file(c, path, fi); err != nil {
+				return err
+			}
+		default:
+			r.skip(rel, "not a regular file, directory or symlink ("+fi.Mode().Type().String()+")")
+			continue
+		}
+		n.children = append(n.children, c)
+	}
+	return nil
+}
+
+func (r *checkpointRun) skip(rel, why string) {
+	r.e.log.Warn("skipping path", "path", rel, "reason", why)
+	r.res.Skipped = append(r.res.Skipped, rel)
+}
+
+func specialBits(m os.FileMode) uint32 {
+	var b uint32
+	if m&os.ModeSetuid != 0 {
+		b |= 0o4000
+	}
+	if m&os.ModeSetgid != 0 {
+		b |= 0o2000
+	}
+	if m&os.ModeSticky != 0 {
+		b |= 0o1000
+	}
+	return b
+}
+
+func statOf(fi os.FileInfo) (ctime int64, ino, dev uint64) {
+	if s, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return s.Ctim.Nano(), s.Ino, uint64(s.Dev)
+	}
+	return 0, 0, 0
+}
+
+// file decides from the index whether the file changed; if so it reads it
+// once, chunk by chunk, uploading only chunks the repository lacks.
+func (r *checkpointRun) file(c *node, path string, fi os.FileInfo) error {
+	r.res.Files++
+	ctime, ino, dev := statOf(fi)
+	st := fileState{Type: manifest.TypeFile, Mode: c.mode, Size: fi.Size(), MTime: c.mtime,
+		CTime: ctime, Ino: ino, Dev: dev}
+	// A change within the same clock tick as our read could leave the stat
+	// unchanged; such files are read again next time (as git does).
+	st.Racy = c.mtime >= r.started.Add(-time.Second).UnixNano() || ctime >= r.started.Add(-time.Second).UnixNano()
+	old, had := r.ix.Files[c.rel]
+	if had && !old.Racy && old.Type == st.Type && old.Size == st.Size && old.MTime == st.MTime &&
+		old.CTime == st.CTime && old.Ino == st.Ino && old.Dev == st.Dev && old.Mode == st.Mode {
+		for _, ref := range old.Content {
+			c.content = append(c.content, lazyRef{ref: ref})
+			c.size += ref.Size
+		}
+		st.Content = old.Content
+		c.state = st
+		return nil
+	}
+	r.res.FilesRead++
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // deleted while we scanned: it is simply not in this checkpoint
+	}
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	defer f.Close()
+	ch := segments.NewChunker(f, r.params)
+	var size int64
+	var ids []segments.ID
+	for {
+		chunk, err := ch.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read %s: %w", path, err)
+		}
+		id := segments.Sum(chunk)
+		ids = append(ids, id)
+		size += int64(len(chunk))
+		c.content = append(c.content, r.blob(id, chunk, r.data))
+	}
+	c.size = size
+	c.state = st
+	if !had || !sameIDs(old.Content, ids) || old.Mode != st.Mode || old.MTime != st.MTime {
+		r.res.FilesChanged++
+	}
+	return nil
+}
+
+func sameIDs(refs []segments.Ref, ids []segments.ID) bool {
+	if len(refs) != len(ids) {
+		return false
+	}
+	for i := range refs {
+		if refs[i].Blob != ids[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// blob returns where the blob with this id lives, packing it if the
+// repository (as far as the lineage's last manifest says) lacks it.
+func (r *checkpointRun) blob(id segments.ID, plain []byte, p *segments.Packer) lazyRef {
+	if ref, ok := r.known[id]; ok {
+		return lazyRef{ref: ref}
+	}
+	if pd, ok := r.pending[id]; ok {
+		return lazyRef{pend: pd}
+	}
+	_, rec := r.e.codec.Encode(plain)
+	pd := p.Add(r.ctx, id, rec, int64(len(plain)))
+	r.pending[id] = pd
+	r.blobsNew++
+	return lazyRef{pend: pd}
+}
+
+// buildTree encodes n's tree bottom-up. Child references are taken only
+// after all children are packed, right before n itself is packed: a child
+// still in the open segment is then guaranteed to share n's segment, which
+// is what a zero-segment (same segment) reference means.
+//
+// A directory whose location-free key equals the one the index remembers
+// for its path is unchanged: it keeps its stored tree, and its files keep
+// the exact references that tree holds, so the manifest's segment list is
+// computed from what the stored bytes really reference.
+func (r *checkpointRun) buildTree(n *node) {
+	for _, c := range n.children {
+		if c.typ == manifest.TypeDir {
+			r.buildTree(c)
+		}
+	}
+	t := manifest.Tree{Entries: make([]manifest.Entry, 0, len(n.children))}
+	for _, c := range n.children {
+		en := manifest.Entry{Name: c.name, Type: c.typ, Mode: c.mode, MTime: c.mtime}
+		switch c.typ {
+		case manifest.TypeFile:
+			en.Size = c.size
+			for _, l := range c.content {
+				en.Content = append(en.Content, l.get())
+			}
+		case manifest.TypeSymlink:
+			en.Target = c.target
+		case manifest.TypeDir:
+			ref := c.tree.get()
+			en.Tree = &ref
+		}
+		t.Entries = append(t.Entries, en)
+	}
+	n.key = manifest.TreeKey(&t, func(i int) segments.ID { return n.children[i].key })
+	if r.adopt(n) {
+		return
+	}
+	b, err := manifest.EncodeTree(t)
+	if err != nil {
+		// Every field came from a validated scan; this is a bug, not input.
+		panic(fmt.Sprintf("encode tree %q: %v", n.rel, err))
+	}
+	n.tree = r.blob(segments.Sum(b), b, r.trees)
+}
+
+// adopt reuses the stored tree of an unchanged directory, if the index has
+// it consistently for every child.
+func (r *checkpointRun) adopt(n *node) bool {
+	old, ok := r.ix.Dirs[n.rel]
+	if !ok || old.Key != n.key || old.Tree.Segment.IsZero() {
+		return false
+	}
+	contents := make([][]segments.Ref, len(n.children))
+	for i, c := range n.children {
+		switch c.typ {
+		case manifest.TypeFile:
+			f, ok := r.ix.Files[c.rel]
+			if !ok || !sameIDs(f.Content, blobIDs(c.content)) {
+				return false
+			}
+			contents[i] = f.Content
+		case manifest.TypeDir:
+			d, ok := r.ix.Dirs[c.rel]
+			if !ok || d.Tree != c.tree.get() {
+				return false
+			}
+		}
+	}
+	for i, c := range n.children {
+		if contents[i] != nil {
+			c.content = c.content[:0]
+			for _, ref := range contents[i] {
+				c.content = append(c.content, lazyRef{ref: ref})
+			}
+		}
+	}
+	n.tree = lazyRef{ref: old.Tree}
+	return true
+}
+
+func blobIDs(l []lazyRef) []segments.ID {
+	ids := make([]segments.ID, len(l))
+	for i := range l {
+		ids[i] = l[i].get().Blob
+	}
+	return ids
+}
+
+// collect flattens the scanned tree into the next index and the manifest's
+// segment list and totals; every reference is final by now.
+func (r *checkpointRun) collect(root *node) (map[string]fileState, map[string]dirState, []segments.ID, manifest.Totals) {
+	files := map[string]fileState{}
+	dirs := map[string]dirState{}
+	segSet := map[segments.ID]struct{}{}
+	var tot manifest.Totals
+	var rec func(n *node)
+	rec = func(n *node) {
+		tr := n.tree.get()
+		dirs[n.rel] = dirState{Tree: tr, Key: n.key}
+		segSet[tr.Segment] = struct{}{}
+		for _, c := range n.children {
+			switch c.typ {
+			case manifest.TypeDir:
+				tot.Dirs++
+				rec(c)
+			case manifest.TypeSymlink:
+				tot.Symlinks++
+				files[c.rel] = c.state
+			case manifest.TypeFile:
+				tot.Files++
+				tot.Bytes += c.size
+				st := c.state
+				st.Content = make([]segments.Ref, len(c.content))
+				for i, l := range c.content {
+					st.Content[i] = l.get()
+					segSet[st.Content[i].Segment] = struct{}{}
+				}
+				files[c.rel] = st
+			}
+		}
+	}
+	rec(root)
+	segs := make([]segments.ID, 0, len(segSet))
+	for s := range segSet {
+		segs = append(segs, s)
+	}
+	return files, dirs, manifest.SortSegments(segs), tot
+}

@@ -1,0 +1,129 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/agentstate/agentstate/manifest"
+	"github.com/agentstate/agentstate/segments"
+)
+
+// VerifyResult is what verify checked.
+type VerifyResult struct {
+	Lineage  string        `json:"lineage"`
+	Seq      uint64        `json:"seq"`
+	Files    int64         `json:"files"`
+	Dirs     int64         `json:"dirs"`
+	Blobs    int           `json:"blobs"`
+	Bytes    int64         `json:"bytes"`
+	Segments int           `json:"segments"`
+	Requests int64         `json:"requests"`
+	Duration time.Duration `json:"duration_ns"`
+}
+
+// Verify downloads and checks everything one manifest needs, writing
+// nothing: the manifest checksum, every listed segment, every tree, and
+// every content blob (length, xxhash64, SHA-256). seq 0 means the newest.
+func (e *Engine) Verify(ctx context.Context, lineage string, seq uint64) (*VerifyResult, error) {
+	start := time.Now()
+	before := e.st.Stats().Requests()
+	res := &VerifyResult{Lineage: lineage}
+	defer func() { res.Requests, res.Duration = e.st.Stats().Requests()-before, time.Since(start) }()
+	if err := manifest.ValidLineage(lineage); err != nil {
+		return nil, err
+	}
+	if seq == 0 {
+		seqs, err := manifest.Sequences(ctx, e.st, lineage)
+		if err != nil {
+			return res, err
+		}
+		if len(seqs) == 0 {
+			return res, fmt.Errorf("verify %q: the lineage has no checkpoint", lineage)
+		}
+		seq = seqs[0]
+	}
+	res.Seq = seq
+	m, err := manifest.Load(ctx, e.st, lineage, seq)
+	if err != nil {
+		return res, fmt.Errorf("verify %q seq %d: %w: %w", lineage, seq, ErrVerify, err)
+	}
+	res.Segments = len(m.Segments)
+	sizes, err := e.checkSegments(ctx, m)
+	if err != nil {
+		return res, fmt.Errorf("verify %q seq %d: %w: %w", lineage, seq, ErrVerify, err)
+	}
+	refsOf := map[segments.ID][]segments.Ref{}
+	seen := map[segments.ID]bool{}
+	var total int64
+	err = e.walk(ctx, m.Root, func(rel string, en *manifest.Entry) error {
+		switch en.Type {
+		case manifest.TypeDir:
+			res.Dirs++
+			if !m.HasSegment(en.Tree.Segment) {
+				return fmt.Errorf("%w: %s: tree in segment %s that the manifest does not list", manifest.ErrInvalid, rel, en.Tree.Segment)
+			}
+		case manifest.TypeFile:
+			res.Files++
+			total += en.Size
+			for _, r := range en.Content {
+				if !m.HasSegment(r.Segment) {
+					return fmt.Errorf("%w: %s: chunk in segment %s that the manifest does not list", manifest.ErrInvalid, rel, r.Segment)
+				}
+				if !seen[r.Blob] {
+					seen[r.Blob] = true
+					refsOf[r.Segment] = append(refsOf[r.Segment], r)
+				}
+			}
+		}
+		return nil
+	}, nil)
+	if err != nil {
+		return res, fmt.Errorf("verify %q seq %d: %w: %w", lineage, seq, ErrVerify, err)
+	}
+	res.Bytes = total
+	// Every listed segment is read whole: its name is its SHA-256, so this
+	// checks every byte, including those no blob of this manifest needs.
+	for _, seg := range m.Segments {
+		refs := refsOf[seg]
+		res.Blobs += len(refs)
+		if err := e.codec.ReadSegment(ctx, e.st, seg, sizes[seg], refs, func(segments.Ref, []byte) error { return nil }); err != nil {
+			return res, fmt.Errorf("verify %q seq %d: %w: %w", lineage, seq, ErrVerify, err)
+		}
+	}
+	return res, nil
+}
+
+// Summary describes one manifest for `ls`.
+type Summary struct {
+	Seq      uint64          `json:"seq"`
+	Parent   uint64          `json:"parent"`
+	Time     time.Time       `json:"time"`
+	Writer   string          `json:"writer"`
+	Totals   manifest.Totals `json:"totals"`
+	Segments int             `json:"segments"`
+	Error    string          `json:"error,omitempty"`
+}
+
+// List summarises the lineage's manifests, newest first. A manifest that
+// does not decode is listed with its error rather than hidden.
+func (e *Engine) List(ctx context.Context, lineage string) ([]Summary, error) {
+	if err := manifest.ValidLineage(lineage); err != nil {
+		return nil, err
+	}
+	seqs, err := manifest.Sequences(ctx, e.st, lineage)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Summary, 0, len(seqs))
+	for _, seq := range seqs {
+		m, err := manifest.Load(ctx, e.st, lineage, seq)
+		if err != nil {
+			out = append(out, Summary{Seq: seq, Error: err.Error()})
+			continue
+		}
+		out = append(out, Summary{Seq: m.Seq, Parent: m.Parent, Time: m.Time, Writer: m.Writer,
+			Totals: m.Totals, Segments: len(m.Segments)})
+	}
+	return out, nil
+}
