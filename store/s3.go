@@ -149,6 +149,7 @@ type S3 struct {
 	bucket   string
 	prefix   string // "" or ending in '/'
 	endpoint string // for String: host or URL, never credentials
+	region   string // "" means: ask the bucket
 	log      *slog.Logger
 }
 
@@ -209,7 +210,7 @@ func OpenS3(ctx context.Context, rawURL string, opts Options) (*S3, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &S3{client: client, once: once, bucket: bucket, prefix: prefix, endpoint: endpoint, log: log}, nil
+	return &S3{client: client, once: once, bucket: bucket, prefix: prefix, endpoint: endpoint, region: region, log: log}, nil
 }
 
 // parseS3URL splits "s3://bucket/a/b" into "bucket" and "a/b/".
@@ -727,4 +728,28 @@ func unwrapURLError(err error) error {
 		return ue.Err
 	}
 	return err
+}
+
+// EnsureBucket creates the bucket when it does not exist yet. Provisioning
+// (`agentstate init`, docker-compose's create-bucket step) uses it; the
+// checkpoint path never does, since it must not send requests it does not
+// need.
+func (s *S3) EnsureBucket(ctx context.Context) error {
+	ok, err := s.client.BucketExists(ctx, s.bucket)
+	if err != nil {
+		return s.wrap("check bucket "+s.bucket, "", err)
+	}
+	if ok {
+		return nil
+	}
+	err = s.client.MakeBucket(ctx, s.bucket, minio.MakeBucketOptions{Region: s.region})
+	var er minio.ErrorResponse
+	if errors.As(err, &er) && (er.Code == "BucketAlreadyOwnedByYou" || er.Code == "BucketAlreadyExists") {
+		return nil // created by a concurrent init
+	}
+	if err != nil {
+		return s.wrap("create bucket "+s.bucket, "", err)
+	}
+	s.log.Info("created bucket", "bucket", s.bucket, "endpoint", s.endpoint)
+	return nil
 }
