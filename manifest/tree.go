@@ -50,9 +50,13 @@ type Entry struct {
 	Type  Type   `json:"type"`
 	Mode  uint32 `json:"mode"`  // permission bits, including setuid/setgid/sticky
 	MTime int64  `json:"mtime"` // Unix nanoseconds
-	// Files: Size is the content length; Content the chunks in order.
+	// Files: Size is the content length; Content the chunks in order, or,
+	// for a file of more than InlineChunks chunks, Chunks names a chunk
+	// list blob holding them, so the directory's tree stays small and an
+	// unchanged large file costs nothing when its neighbours change.
 	Size    int64          `json:"size,omitempty"`
 	Content []segments.Ref `json:"content,omitempty"`
+	Chunks  *segments.Ref  `json:"chunks,omitempty"`
 	// Directories: the tree blob that lists it.
 	Tree *segments.Ref `json:"tree,omitempty"`
 	// Symlinks: the link text, stored as is and never followed.
@@ -121,21 +125,19 @@ func (e *Entry) validate() error {
 		if e.Tree != nil || e.Target != "" {
 			return bad("file with tree or target")
 		}
-		if len(e.Content) > maxRefsPerFile {
-			return bad("too many chunks")
-		}
-		var sum int64
-		for _, r := range e.Content {
-			if err := validRef(r); err != nil {
+		if e.Chunks != nil {
+			if err := validRef(*e.Chunks); err != nil {
 				return bad(err.Error())
 			}
-			if r.Size > segments.MaxBlobSize {
-				return bad("chunk larger than a blob can be")
+			if e.Size < 0 {
+				return bad("negative size")
 			}
-			sum += r.Size
+			// The listed chunks are checked against Size by DecodeChunkList.
+			// A decoded entry may carry both: the list and what it holds.
+			return nil
 		}
-		if sum != e.Size {
-			return bad(fmt.Sprintf("chunks add up to %d bytes, size says %d", sum, e.Size))
+		if err := validContent(e.Content, e.Size); err != nil {
+			return bad(err.Error())
 		}
 	case TypeDir:
 		if e.Tree == nil || len(e.Content) != 0 || e.Target != "" || e.Size != 0 {
@@ -155,6 +157,68 @@ func (e *Entry) validate() error {
 		return fmt.Errorf("%w: %q: unknown type %q", ErrInvalid, e.Name, e.Type)
 	}
 	return nil
+}
+
+func validContent(refs []segments.Ref, size int64) error {
+	if len(refs) > maxRefsPerFile {
+		return fmt.Errorf("%d chunks are too many", len(refs))
+	}
+	var sum int64
+	for _, r := range refs {
+		if err := validRef(r); err != nil {
+			return err
+		}
+		if r.Size > segments.MaxBlobSize {
+			return errors.New("chunk larger than a blob can be")
+		}
+		sum += r.Size
+	}
+	if sum != size {
+		return fmt.Errorf("chunks add up to %d bytes, size says %d", sum, size)
+	}
+	return nil
+}
+
+// InlineChunks is how many chunk references a tree entry holds itself;
+// a file with more gets a chunk list blob.
+const InlineChunks = 16
+
+// ChunkList is the plaintext of a chunk list blob: a large file's chunks.
+type ChunkList struct {
+	Version int            `json:"v"`
+	Refs    []segments.Ref `json:"refs"`
+}
+
+// EncodeChunkList returns the canonical encoding of a file's chunk list.
+// The references must name their segments (data segments are sealed before
+// any metadata is encoded), so the list is self-contained.
+func EncodeChunkList(refs []segments.Ref) ([]byte, error) {
+	for _, r := range refs {
+		if r.Segment.IsZero() {
+			return nil, fmt.Errorf("encode chunk list: %w: chunk %s has no segment", ErrInvalid, r.Blob)
+		}
+	}
+	return json.Marshal(ChunkList{Version: TreeVersion, Refs: refs})
+}
+
+// DecodeChunkList parses a chunk list blob of a file of size bytes.
+func DecodeChunkList(b []byte, size int64) ([]segments.Ref, error) {
+	var l ChunkList
+	if err := strictJSON(b, &l); err != nil {
+		return nil, fmt.Errorf("decode chunk list: %w", err)
+	}
+	if l.Version != TreeVersion {
+		return nil, fmt.Errorf("decode chunk list: %w: version %d", ErrInvalid, l.Version)
+	}
+	for _, r := range l.Refs {
+		if r.Segment.IsZero() {
+			return nil, fmt.Errorf("decode chunk list: %w: chunk %s has no segment", ErrInvalid, r.Blob)
+		}
+	}
+	if err := validContent(l.Refs, size); err != nil {
+		return nil, fmt.Errorf("decode chunk list: %w: %v", ErrInvalid, err)
+	}
+	return l.Refs, nil
 }
 
 func validRef(r segments.Ref) error {

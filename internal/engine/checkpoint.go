@@ -70,6 +70,7 @@ type node struct {
 	size     int64
 	target   string
 	content  []lazyRef
+	list     *lazyRef // chunk list blob, for files of many chunks
 	children []*node
 	state    fileState
 	tree     lazyRef
@@ -276,7 +277,7 @@ func (e *Engine) fillIndex(ctx context.Context, ix *index, m *manifest.Manifest)
 			content := make([]segments.Ref, len(en.Content))
 			copy(content, en.Content)
 			ix.Files[rel] = fileState{Type: en.Type, Mode: en.Mode, Size: en.Size, Target: en.Target,
-				Content: content, Racy: true}
+				Content: content, Chunks: en.Chunks, Racy: true}
 		}
 		return nil
 	}, func(rel string, ref segments.Ref, key segments.ID) {
@@ -397,6 +398,9 @@ func (r *checkpointRun) file(c *node, path string, fi os.FileInfo) error {
 			c.content = append(c.content, lazyRef{ref: ref})
 			c.size += ref.Size
 		}
+		if old.Chunks != nil {
+			c.list = &lazyRef{ref: *old.Chunks}
+		}
 		st.Content = old.Content
 		c.state = st
 		return nil
@@ -477,7 +481,23 @@ func (r *checkpointRun) buildTree(n *node) {
 			r.buildTree(c)
 		}
 	}
-	t := manifest.Tree{Entries: make([]manifest.Entry, 0, len(n.children))}
+	// Chunk lists are packed before any child reference is taken (the
+	// same-segment rule above holds for them too).
+	for _, c := range n.children {
+		if c.typ == manifest.TypeFile && len(c.content) > manifest.InlineChunks && c.list == nil {
+			refs := make([]segments.Ref, len(c.content))
+			for i, l := range c.content {
+				refs[i] = l.get()
+			}
+			b, err := manifest.EncodeChunkList(refs)
+			if err != nil {
+				panic(fmt.Sprintf("encode chunk list of %q: %v", c.rel, err))
+			}
+			l := r.blob(segments.Sum(b), b, r.trees)
+			c.list = &l
+		}
+	}
+	full := manifest.Tree{Entries: make([]manifest.Entry, 0, len(n.children))}
 	for _, c := range n.children {
 		en := manifest.Entry{Name: c.name, Type: c.typ, Mode: c.mode, MTime: c.mtime}
 		switch c.typ {
@@ -486,19 +506,29 @@ func (r *checkpointRun) buildTree(n *node) {
 			for _, l := range c.content {
 				en.Content = append(en.Content, l.get())
 			}
+			if c.list != nil {
+				ref := c.list.get()
+				en.Chunks = &ref
+			}
 		case manifest.TypeSymlink:
 			en.Target = c.target
 		case manifest.TypeDir:
 			ref := c.tree.get()
 			en.Tree = &ref
 		}
-		t.Entries = append(t.Entries, en)
+		full.Entries = append(full.Entries, en)
 	}
-	n.key = manifest.TreeKey(&t, func(i int) segments.ID { return n.children[i].key })
+	n.key = manifest.TreeKey(&full, func(i int) segments.ID { return n.children[i].key })
 	if r.adopt(n) {
 		return
 	}
-	b, err := manifest.EncodeTree(t)
+	// What is stored: a file with a chunk list does not repeat its chunks.
+	for i := range full.Entries {
+		if full.Entries[i].Chunks != nil {
+			full.Entries[i].Content = nil
+		}
+	}
+	b, err := manifest.EncodeTree(full)
 	if err != nil {
 		// Every field came from a validated scan; this is a bug, not input.
 		panic(fmt.Sprintf("encode tree %q: %v", n.rel, err))
@@ -514,14 +544,15 @@ func (r *checkpointRun) adopt(n *node) bool {
 		return false
 	}
 	contents := make([][]segments.Ref, len(n.children))
+	lists := make([]*segments.Ref, len(n.children))
 	for i, c := range n.children {
 		switch c.typ {
 		case manifest.TypeFile:
 			f, ok := r.ix.Files[c.rel]
-			if !ok || !sameIDs(f.Content, blobIDs(c.content)) {
+			if !ok || !sameIDs(f.Content, blobIDs(c.content)) || (f.Chunks != nil) != (len(c.content) > manifest.InlineChunks) {
 				return false
 			}
-			contents[i] = f.Content
+			contents[i], lists[i] = f.Content, f.Chunks
 		case manifest.TypeDir:
 			d, ok := r.ix.Dirs[c.rel]
 			if !ok || d.Tree != c.tree.get() {
@@ -535,6 +566,9 @@ func (r *checkpointRun) adopt(n *node) bool {
 			for _, ref := range contents[i] {
 				c.content = append(c.content, lazyRef{ref: ref})
 			}
+		}
+		if lists[i] != nil {
+			c.list = &lazyRef{ref: *lists[i]}
 		}
 	}
 	n.tree = lazyRef{ref: old.Tree}
@@ -577,6 +611,11 @@ func (r *checkpointRun) collect(root *node) (map[string]fileState, map[string]di
 				for i, l := range c.content {
 					st.Content[i] = l.get()
 					segSet[st.Content[i].Segment] = struct{}{}
+				}
+				if c.list != nil {
+					lr := c.list.get()
+					st.Chunks = &lr
+					segSet[lr.Segment] = struct{}{}
 				}
 				files[c.rel] = st
 			}

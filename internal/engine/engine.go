@@ -116,8 +116,9 @@ func (e *Engine) chunkParams(c *manifest.Config) segments.ChunkParams {
 	return segments.ChunkParams{Min: c.ChunkMin, Avg: c.ChunkAvg, Max: c.ChunkMax, Seed: c.ChunkSeed}
 }
 
-// loadTree reads and decodes one tree blob; container resolves its
-// same-segment child references.
+// loadTree reads and decodes one tree blob, resolving same-segment
+// references against the tree's own segment and expanding chunk lists, so
+// every file entry it returns has its Content.
 func (e *Engine) loadTree(ctx context.Context, ref segments.Ref) (manifest.Tree, error) {
 	b, err := e.codec.ReadBlob(ctx, e.st, ref, segments.ID{})
 	if err != nil {
@@ -127,12 +128,22 @@ func (e *Engine) loadTree(ctx context.Context, ref segments.Ref) (manifest.Tree,
 	if err != nil {
 		return manifest.Tree{}, fmt.Errorf("tree %s in segment %s: %w", ref.Blob, ref.Segment, err)
 	}
-	// Children packed in the same segment are stored with a zero segment.
 	for i := range t.Entries {
 		en := &t.Entries[i]
 		if en.Tree != nil {
 			r := en.Tree.Resolve(ref.Segment)
 			en.Tree = &r
+		}
+		if en.Chunks != nil {
+			r := en.Chunks.Resolve(ref.Segment)
+			en.Chunks = &r
+			lb, err := e.codec.ReadBlob(ctx, e.st, r, segments.ID{})
+			if err != nil {
+				return manifest.Tree{}, fmt.Errorf("chunk list of %q: %w", en.Name, err)
+			}
+			if en.Content, err = manifest.DecodeChunkList(lb, en.Size); err != nil {
+				return manifest.Tree{}, fmt.Errorf("chunk list of %q in segment %s: %w", en.Name, r.Segment, err)
+			}
 		}
 	}
 	return t, nil

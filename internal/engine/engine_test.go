@@ -99,7 +99,7 @@ func TestCheckpointRestoreRoundTrip(t *testing.T) {
 func TestIdleCheckpointMakesNoRequest(t *testing.T) {
 	f := newFixture(t)
 	src := filepath.Join(f.root, "src")
-	testutil.GenTree(t, src, testutil.TreeSpec{Seed: 2, SmallFiles: 200})
+	testutil.GenTree(t, src, testutil.TreeSpec{Seed: 2, SmallFiles: 200, LargeFile: 6 << 20})
 	f.checkpoint(f.e, src)
 	// Files changed within a second of a checkpoint are read again once
 	// (their stat cannot prove them unchanged); past that, stat suffices.
@@ -123,7 +123,7 @@ func TestIdleCheckpointMakesNoRequest(t *testing.T) {
 func TestAppendCostsFewObjects(t *testing.T) {
 	f := newFixture(t)
 	src := filepath.Join(f.root, "src")
-	testutil.GenTree(t, src, testutil.TreeSpec{Seed: 3, SmallFiles: 500})
+	testutil.GenTree(t, src, testutil.TreeSpec{Seed: 3, SmallFiles: 500, LargeFile: 40 << 20})
 	f.checkpoint(f.e, src)
 	f.checkpoint(f.e, src)
 	before := f.keys()

@@ -42,6 +42,9 @@ type fileState struct {
 	Dev     uint64         `json:"d,omitempty"`
 	Target  string         `json:"l,omitempty"`
 	Content []segments.Ref `json:"c,omitempty"`
+	// Chunks is the chunk list blob that holds Content in the stored tree,
+	// for files of more than manifest.InlineChunks chunks.
+	Chunks *segments.Ref `json:"cl,omitempty"`
 	// Racy: modified too close to when it was read for the stat to prove
 	// the content unchanged next time; re-read it.
 	Racy bool `json:"r,omitempty"`
@@ -82,6 +85,9 @@ func (ix *index) known() map[segments.ID]segments.Ref {
 	for _, f := range ix.Files {
 		for _, r := range f.Content {
 			m[r.Blob] = r
+		}
+		if f.Chunks != nil {
+			m[f.Chunks.Blob] = *f.Chunks
 		}
 	}
 	for _, d := range ix.Dirs {
