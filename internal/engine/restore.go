@@ -248,6 +248,22 @@ func (e *Engine) restoreManifest(ctx context.Context, m *manifest.Manifest, root
 			off += r.Size
 		}
 	}
+	// Metadata segments were read by ranges during the walk; read them whole
+	// too, so damage anywhere in them is found before anything is placed.
+	meta := map[segments.ID]bool{}
+	for _, d := range dirRefs {
+		meta[d.Tree.Segment] = true
+	}
+	for _, it := range items {
+		if it.en.Chunks != nil {
+			meta[it.en.Chunks.Segment] = true
+		}
+	}
+	for seg := range meta {
+		if _, ok := refsOf[seg]; !ok {
+			refsOf[seg] = nil
+		}
+	}
 	if err := e.download(ctx, root, sizes, refsOf, bySeg); err != nil {
 		return err
 	}
@@ -306,7 +322,7 @@ func (e *Engine) restoreManifest(ctx context.Context, m *manifest.Manifest, root
 			ctime, ino, dev := statOf(fi)
 			placed[it.rel] = fileState{Type: it.en.Type, Mode: it.en.Mode, Size: fi.Size(),
 				MTime: fi.ModTime().UnixNano(), CTime: ctime, Ino: ino, Dev: dev,
-				Target: it.en.Target, Content: it.en.Content}
+				Target: it.en.Target, Content: it.en.Content, Chunks: it.en.Chunks}
 		}
 	}
 	// Directory times last, deepest first, once nothing more is put in them.
@@ -386,7 +402,7 @@ func (e *Engine) download(ctx context.Context, root *os.Root, sizes map[segments
 		for _, r := range refs {
 			need += r.Length
 		}
-		if size := sizes[seg]; need*2 >= size {
+		if size := sizes[seg]; need*2 >= size || len(refs) == 0 {
 			jobs = append(jobs, job{seg, refs, size})
 			continue
 		}
