@@ -70,4 +70,3 @@ func CommitHostile(t testing.TB, st store.Store, seq uint64, outerName, innerNam
 		t.Fatal(err)
 	}
 }
-
