@@ -416,7 +416,7 @@ func minioAddr() string {
 // newBucket creates a fresh bucket for the test, removed with everything
 // in it when the test ends. It returns the store URL (a prefix in that
 // bucket) and the environment a subprocess needs to reach it.
-func newBucket(t *testing.T) (storeURL string, env []string) {
+func newBucket(t testing.TB) (storeURL string, env []string) {
 	t.Helper()
 	requireS3(t)
 	name := s3BucketName(t.Name())
@@ -490,7 +490,7 @@ func s3Options() store.Options {
 }
 
 // openS3 opens storeURL (from newBucket) as a store.
-func openS3(t *testing.T, storeURL string) store.Store {
+func openS3(t testing.TB, storeURL string) store.Store {
 	t.Helper()
 	requireS3(t)
 	s, err := store.Open(context.Background(), storeURL, s3Options())
