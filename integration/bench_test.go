@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -57,6 +58,12 @@ func tools(b *testing.B, storeURL string, env []string, state string) []tool {
 		cmd.Env = append(append(append(os.Environ(), env...), "HOME="+state), extra...)
 		return cmd
 	}
+	// rclone's AWS SDK fails on an AWS_CA_BUNDLE (set on some machines)
+	// for a plain-HTTP endpoint; the bundle is irrelevant on loopback.
+	withoutCABundle := func(cmd *exec.Cmd) *exec.Cmd {
+		cmd.Env = slices.DeleteFunc(cmd.Env, func(kv string) bool { return strings.HasPrefix(kv, "AWS_CA_BUNDLE=") })
+		return cmd
+	}
 	as := func(args ...string) *exec.Cmd {
 		return withEnv(exec.Command(agentstateBin(b), append([]string{"--store", storeURL, "--state-dir", state, "--json"}, args...)...))
 	}
@@ -74,10 +81,10 @@ func tools(b *testing.B, storeURL string, env []string, state string) []tool {
 		out = append(out, tool{
 			name: "rclone",
 			backup: func(b *testing.B, src string) *exec.Cmd {
-				return withEnv(exec.Command("rclone", "copy", "--links", src, "bench:"+bucket+"/rclone"), rcloneEnv...)
+				return withoutCABundle(withEnv(exec.Command("rclone", "copy", "--links", src, "bench:"+bucket+"/rclone"), rcloneEnv...))
 			},
 			restore: func(b *testing.B, dst string) *exec.Cmd {
-				return withEnv(exec.Command("rclone", "copy", "--links", "bench:"+bucket+"/rclone", dst), rcloneEnv...)
+				return withoutCABundle(withEnv(exec.Command("rclone", "copy", "--links", "bench:"+bucket+"/rclone", dst), rcloneEnv...))
 			},
 		})
 	}

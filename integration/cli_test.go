@@ -157,3 +157,17 @@ func waitTimeout(cmd *exec.Cmd, d time.Duration) error {
 		return errors.New("timed out")
 	}
 }
+
+// TestDemo runs the README's first command as users do (the built binary)
+// and checks that it ends by verifying the restore.
+func TestDemo(t *testing.T) {
+	cmd := exec.Command(agentstateBin(t), "demo")
+	cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "AGENTSTATE_STORE=", "AGENTSTATE_STATE_DIR=")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("demo OK")) {
+		t.Fatalf("agentstate demo: %v\n%s", err, out)
+	}
+	if !bytes.Contains(out, []byte("no change, 0 requests")) {
+		t.Fatalf("demo: the checkpoint of the restored tree should cost no request:\n%s", out)
+	}
+}

@@ -29,7 +29,7 @@ If another writer committed to the same lineage first, nothing is committed
 and the exit code is 3: one writer per lineage.`,
 		Example: `  agentstate checkpoint --lineage claude --dir ~/.claude
   AGENTSTATE_STORE=s3://agents/prod agentstate checkpoint --lineage codex --dir $CODEX_HOME --json`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := requireFlags(cmd, "lineage", "dir"); err != nil {
 				return err
@@ -82,7 +82,7 @@ Exit code 4 names every path that could not be written; 5 means manifests
 exist but none verifies.`,
 		Example: `  agentstate restore --lineage claude --dir ~/.claude
   agentstate restore --lineage claude --dir /tmp/inspect --seq 41`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := requireFlags(cmd, "lineage", "dir"); err != nil {
 				return err
@@ -129,7 +129,7 @@ func newLsCmd(g *globalFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ls --lineage NAME",
 		Short: "List the checkpoints of a lineage, newest first",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := requireFlags(cmd, "lineage"); err != nil {
 				return err
@@ -174,7 +174,7 @@ func newVerifyCmd(g *globalFlags) *cobra.Command {
 		Long: `Verify checks one checkpoint (default: the newest) completely: the manifest
 checksum, that every listed segment exists, every tree, and every content
 blob (length, xxhash64 and SHA-256). Exit code 5 if anything is wrong.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := requireFlags(cmd, "lineage"); err != nil {
 				return err

@@ -34,7 +34,7 @@ was on disk, and prints each step with what it cost.
 
 Without --store it uses a fresh local folder store in a temporary directory
 (the embedded default backend), so it needs nothing but this binary.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			work, err := os.MkdirTemp("", "agentstate-demo-")
 			if err != nil {

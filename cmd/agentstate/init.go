@@ -25,7 +25,7 @@ twice, or from two machines at once, is safe). checkpoint creates the config
 by itself too; init is for provisioning steps such as docker-compose's
 create-bucket service.`,
 		Example: `  AWS_ENDPOINT_URL_S3=http://127.0.0.1:9000 agentstate init --store s3://agentstate`,
-		Args:    cobra.NoArgs,
+		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			e, st, err := g.openEngine(ctx, cmd)

@@ -159,6 +159,14 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
+// noArgs rejects positional arguments as a usage error (exit code 2).
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageError{fmt.Errorf("%s takes no arguments, got %q (see '%s --help')", cmd.CommandPath(), args, cmd.CommandPath())}
+	}
+	return nil
+}
+
 // requireFlags turns missing required flags into a usage error that says
 // what to pass.
 func requireFlags(cmd *cobra.Command, names ...string) error {
