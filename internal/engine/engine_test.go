@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -292,4 +296,55 @@ func TestStateIsOwnerOnly(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// failingStore fails every segment upload, as a store that dies mid-way.
+type failingStore struct {
+	store.Store
+}
+
+func (f failingStore) Put(ctx context.Context, key string, body io.ReadSeeker, size int64, opts store.PutOptions) (store.ObjectInfo, error) {
+	if strings.HasPrefix(key, "segments/") {
+		return store.ObjectInfo{}, errors.New("injected: connection reset")
+	}
+	return f.Store.Put(ctx, key, body, size, opts)
+}
+
+func TestFailedUploadLeavesNoManifest(t *testing.T) {
+	f := newFixture(t)
+	src := filepath.Join(f.root, "src")
+	testutil.GenTree(t, src, testutil.TreeSpec{Seed: 11, SmallFiles: 20})
+	bad, err := New(failingStore{f.st}, Options{StateDir: f.state})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bad.Checkpoint(context.Background(), CheckpointOptions{Lineage: "test", Dir: src}); err == nil {
+		t.Fatal("checkpoint with failing uploads succeeded")
+	}
+	if seqs, _ := manifest.Sequences(context.Background(), f.st, "test"); len(seqs) != 0 {
+		t.Fatalf("a failed upload left manifests %v", seqs)
+	}
+	if res := f.checkpoint(f.engine(f.state), src); res.Seq != 1 || !res.Committed {
+		t.Fatalf("checkpoint after the store recovered: %+v", res)
+	}
+}
+
+func TestSpecialFilesAreSkipped(t *testing.T) {
+	f := newFixture(t)
+	src := filepath.Join(f.root, "src")
+	os.MkdirAll(src, 0o700)
+	os.WriteFile(filepath.Join(src, "keep.txt"), []byte("x"), 0o600)
+	if err := syscall.Mkfifo(filepath.Join(src, "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", filepath.Join(src, "agent.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	res := f.checkpoint(f.e, src)
+	slices.Sort(res.Skipped)
+	if !slices.Equal(res.Skipped, []string{"agent.sock", "fifo"}) || res.Files != 1 {
+		t.Fatalf("checkpoint %+v: want fifo and socket skipped, keep.txt stored", res)
+	}
 }
