@@ -57,6 +57,15 @@ type Entry struct {
 	Size    int64          `json:"size,omitempty"`
 	Content []segments.Ref `json:"content,omitempty"`
 	Chunks  *segments.Ref  `json:"chunks,omitempty"`
+	// Pages are the page blobs of a paged chunk list, filled in by the
+	// loader (never stored in the tree itself).
+	Pages []segments.Ref `json:"-"`
+	// Format says how the file was captured: "" a regular file, FormatLines
+	// an append-only transcript shipped as complete-line segments,
+	// FormatSQLite a database captured with SQLite's online backup API
+	// (restore removes stale -wal/-shm beside it and keeps a valid local
+	// database on a hot restart).
+	Format string `json:"format,omitempty"`
 	// Directories: the tree blob that lists it.
 	Tree *segments.Ref `json:"tree,omitempty"`
 	// Symlinks: the link text, stored as is and never followed.
@@ -115,6 +124,9 @@ func (e *Entry) validate() error {
 	}
 	if e.Mode&^0o7777 != 0 {
 		return fmt.Errorf("%w: %q: mode %o has non-permission bits", ErrInvalid, e.Name, e.Mode)
+	}
+	if e.Format != "" && (e.Type != TypeFile || (e.Format != FormatLines && e.Format != FormatSQLite)) {
+		return fmt.Errorf("%w: %q: format %q", ErrInvalid, e.Name, e.Format)
 	}
 	if e.Deleted < 0 {
 		return fmt.Errorf("%w: %q: negative deletion time", ErrInvalid, e.Name)
@@ -179,20 +191,38 @@ func validContent(refs []segments.Ref, size int64) error {
 	return nil
 }
 
-// InlineChunks is how many chunk references a tree entry holds itself;
-// a file with more gets a chunk list blob.
-const InlineChunks = 16
+// Formats of file entries.
+const (
+	FormatLines  = "lines"
+	FormatSQLite = "sqlite"
+)
 
-// ChunkList is the plaintext of a chunk list blob: a large file's chunks.
+// InlineChunks is how many chunk references a tree entry holds itself; a
+// file with more gets a chunk list blob. PageChunks is how many references
+// one chunk list blob holds: a longer list becomes an index of pages, so
+// appending to a transcript rewrites only its last page, and unchanged
+// pages are reused.
+const (
+	InlineChunks = 16
+	PageChunks   = 128
+	maxPages     = maxRefsPerFile / PageChunks
+)
+
+// ChunkList is the plaintext of a chunk list blob: a leaf (Refs, the
+// file's chunks in order) or an index (Pages, leaf lists in order).
 type ChunkList struct {
 	Version int            `json:"v"`
-	Refs    []segments.Ref `json:"refs"`
+	Refs    []segments.Ref `json:"refs,omitempty"`
+	Pages   []segments.Ref `json:"pages,omitempty"`
 }
 
-// EncodeChunkList returns the canonical encoding of a file's chunk list.
-// The references must name their segments (data segments are sealed before
-// any metadata is encoded), so the list is self-contained.
+// EncodeChunkList returns the canonical encoding of a leaf chunk list. The
+// references must name their segments (data segments are sealed before any
+// metadata is encoded), so a leaf is self-contained.
 func EncodeChunkList(refs []segments.Ref) ([]byte, error) {
+	if len(refs) == 0 || len(refs) > PageChunks {
+		return nil, fmt.Errorf("encode chunk list: %w: %d chunks in one list", ErrInvalid, len(refs))
+	}
 	for _, r := range refs {
 		if r.Segment.IsZero() {
 			return nil, fmt.Errorf("encode chunk list: %w: chunk %s has no segment", ErrInvalid, r.Blob)
@@ -201,24 +231,53 @@ func EncodeChunkList(refs []segments.Ref) ([]byte, error) {
 	return json.Marshal(ChunkList{Version: TreeVersion, Refs: refs})
 }
 
-// DecodeChunkList parses a chunk list blob of a file of size bytes.
-func DecodeChunkList(b []byte, size int64) ([]segments.Ref, error) {
+// EncodeChunkIndex returns the canonical encoding of an index of leaf
+// lists; a page packed in the same segment may have a zero segment.
+func EncodeChunkIndex(pages []segments.Ref) ([]byte, error) {
+	if len(pages) == 0 || len(pages) > maxPages {
+		return nil, fmt.Errorf("encode chunk index: %w: %d pages", ErrInvalid, len(pages))
+	}
+	return json.Marshal(ChunkList{Version: TreeVersion, Pages: pages})
+}
+
+// DecodeChunkList parses a chunk list blob: exactly one of refs (a leaf)
+// and pages (an index) is returned. Check the assembled chunks against the
+// file's size with CheckContent.
+func DecodeChunkList(b []byte) (refs, pages []segments.Ref, err error) {
 	var l ChunkList
 	if err := strictJSON(b, &l); err != nil {
-		return nil, fmt.Errorf("decode chunk list: %w", err)
+		return nil, nil, fmt.Errorf("decode chunk list: %w", err)
 	}
-	if l.Version != TreeVersion {
-		return nil, fmt.Errorf("decode chunk list: %w: version %d", ErrInvalid, l.Version)
+	switch {
+	case l.Version != TreeVersion:
+		return nil, nil, fmt.Errorf("decode chunk list: %w: version %d", ErrInvalid, l.Version)
+	case (len(l.Refs) == 0) == (len(l.Pages) == 0):
+		return nil, nil, fmt.Errorf("decode chunk list: %w: want either chunks or pages", ErrInvalid)
+	case len(l.Refs) > PageChunks || len(l.Pages) > maxPages:
+		return nil, nil, fmt.Errorf("decode chunk list: %w: too long", ErrInvalid)
 	}
 	for _, r := range l.Refs {
 		if r.Segment.IsZero() {
-			return nil, fmt.Errorf("decode chunk list: %w: chunk %s has no segment", ErrInvalid, r.Blob)
+			return nil, nil, fmt.Errorf("decode chunk list: %w: chunk %s has no segment", ErrInvalid, r.Blob)
+		}
+		if err := validRef(r); err != nil {
+			return nil, nil, fmt.Errorf("decode chunk list: %w: %v", ErrInvalid, err)
 		}
 	}
-	if err := validContent(l.Refs, size); err != nil {
-		return nil, fmt.Errorf("decode chunk list: %w: %v", ErrInvalid, err)
+	for _, r := range l.Pages {
+		if err := validRef(r); err != nil {
+			return nil, nil, fmt.Errorf("decode chunk list: %w: page: %v", ErrInvalid, err)
+		}
 	}
-	return l.Refs, nil
+	return l.Refs, l.Pages, nil
+}
+
+// CheckContent validates a file's assembled chunks against its size.
+func CheckContent(refs []segments.Ref, size int64) error {
+	if err := validContent(refs, size); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	return nil
 }
 
 func validRef(r segments.Ref) error {

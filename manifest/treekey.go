@@ -36,6 +36,7 @@ func TreeKey(t *Tree, childKey func(i int) segments.ID) segments.ID {
 		num(h, uint64(e.Size))
 		num(h, uint64(e.Deleted))
 		str(h, e.Target)
+		str(h, e.Format)
 		num(h, uint64(len(e.Content)))
 		for _, r := range e.Content {
 			h.Write(r.Blob[:])

@@ -164,3 +164,38 @@ func (c *Chunker) cut(data []byte) int {
 	}
 	return n
 }
+
+// FixedChunker splits a stream into blocks of one size (the last may be
+// shorter). It is for files written in place at fixed offsets, SQLite
+// databases above all: a block aligned to the page size changes only when
+// one of its pages does, where content-defined boundaries would shift.
+type FixedChunker struct {
+	r   io.Reader
+	buf []byte
+	err error
+}
+
+// NewFixedChunker returns a FixedChunker of size-byte blocks reading r.
+func NewFixedChunker(r io.Reader, size int) *FixedChunker {
+	if size <= 0 || size > MaxBlobSize {
+		return &FixedChunker{err: fmt.Errorf("fixed chunk size %d out of range", size)}
+	}
+	return &FixedChunker{r: r, buf: make([]byte, size)}
+}
+
+// Next returns the next block (valid until the next call), or io.EOF.
+func (c *FixedChunker) Next() ([]byte, error) {
+	if c.err != nil {
+		return nil, c.err
+	}
+	n, err := io.ReadFull(c.r, c.buf)
+	switch {
+	case err == io.ErrUnexpectedEOF || (err == io.EOF && n > 0):
+		c.err = io.EOF
+		return c.buf[:n], nil
+	case err != nil:
+		c.err = err
+		return nil, err
+	}
+	return c.buf[:n], nil
+}

@@ -244,3 +244,27 @@ func TestChunkerAllocsPerChunk(t *testing.T) {
 		t.Fatalf("%.2f allocations per Next", allocs)
 	}
 }
+
+func TestFixedChunker(t *testing.T) {
+	for _, n := range []int{0, 1, 4095, 4096, 4097, 3*4096 + 7} {
+		data := bytes.Repeat([]byte{0xab}, n)
+		c := NewFixedChunker(bytes.NewReader(data), 4096)
+		var got []byte
+		for {
+			b, err := c.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(b) != 4096 && len(got)+len(b) != n {
+				t.Fatalf("n=%d: short block %d before the end", n, len(b))
+			}
+			got = append(got, b...)
+		}
+		if !bytes.Equal(got, data) {
+			t.Fatalf("n=%d: blocks do not concatenate to the input", n)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/agentstate/agentstate/manifest"
 	"github.com/agentstate/agentstate/segments"
@@ -22,6 +25,15 @@ type CheckpointOptions struct {
 	// Exclude, if set, drops a path (slash-separated, relative to Dir)
 	// from the checkpoint; a directory is dropped with everything below it.
 	Exclude func(rel string, isDir bool) bool
+	// AppendOnly marks append-only transcripts: each checkpoint ships only
+	// the complete lines appended since the last one (a rewrite is detected
+	// and shipped whole).
+	AppendOnly func(rel string) bool
+	// SQLite marks databases, captured through Options.Databases.
+	SQLite func(rel string) bool
+	// Authoritative lets a checkpoint commit a tree this machine never
+	// restored, for a lineage that already has checkpoints.
+	Authoritative bool
 }
 
 // CheckpointResult is what one checkpoint did and cost.
@@ -41,6 +53,9 @@ type CheckpointResult struct {
 	Requests         int64         `json:"requests"`
 	Duration         time.Duration `json:"duration_ns"`
 	Skipped          []string      `json:"skipped,omitempty"`
+	// DatabaseErrors names databases that could not be captured; each kept
+	// its previous checkpointed copy.
+	DatabaseErrors []string `json:"database_errors,omitempty"`
 }
 
 // stagingPrefix names restore's staging directories inside a target; a
@@ -69,8 +84,10 @@ type node struct {
 	mtime    int64
 	size     int64
 	target   string
+	format   string
 	content  []lazyRef
-	list     *lazyRef // chunk list blob, for files of many chunks
+	list     *lazyRef  // chunk list blob, for files of many chunks
+	pages    []lazyRef // its pages, when the list is paged
 	children []*node
 	state    fileState
 	tree     lazyRef
@@ -87,6 +104,7 @@ type checkpointRun struct {
 	up       *segments.Uploader
 	data     *segments.Packer
 	trees    *segments.Packer
+	lines    *segments.Packer
 	params   segments.ChunkParams
 	started  time.Time
 	res      *CheckpointResult
@@ -140,18 +158,34 @@ func (e *Engine) checkpointLocked(ctx context.Context, opts CheckpointOptions, r
 	if err != nil {
 		return err
 	}
+	if ix.Seq > 0 && !ix.Restored && !e.state.initialized(opts.Lineage) && !opts.Authoritative {
+		return fmt.Errorf("%w: lineage %q has checkpoints (newest seq %d) that were never restored here; "+
+			"run 'agentstate restore' first, or pass --authoritative to commit this tree as the new truth",
+			ErrNotRestored, opts.Lineage, ix.Seq)
+	}
+	if ix.Base != ix.Seq {
+		// After a restore fell back past a bad manifest, reuse nothing: the
+		// base is older than the newest manifest, and GC keeps alive only
+		// what retained manifests list, so this commit stands on its own.
+		ix.Files, ix.Dirs = map[string]fileState{}, map[string]dirState{}
+	}
+	if opts.SQLite != nil && e.dbs == nil {
+		return errors.New("checkpoint: databases are configured but the engine has no SQLite support")
+	}
 	r := &checkpointRun{e: e, ctx: ctx, opts: opts, ix: ix, known: ix.known(),
 		pending: map[segments.ID]*segments.Pending{}, params: e.chunkParams(cfg),
 		started: time.Now(), res: res}
 	r.up = segments.NewUploader(e.st, e.par, e.log)
 	r.data = segments.NewPacker(r.up, segments.KindData, cfg.SegmentSize)
 	r.trees = segments.NewPacker(r.up, segments.KindTree, cfg.SegmentSize)
+	r.lines = segments.NewPacker(r.up, segments.KindLines, cfg.SegmentSize)
 
 	root := &node{typ: manifest.TypeDir}
 	scanErr := r.scanDir(root, opts.Dir)
 	if scanErr == nil {
 		// Data references must be final before trees that hold them encode.
 		r.data.Flush(ctx)
+		r.lines.Flush(ctx)
 		r.buildTree(root)
 		r.trees.Flush(ctx)
 	}
@@ -177,6 +211,12 @@ func (e *Engine) checkpointLocked(ctx context.Context, opts CheckpointOptions, r
 		}
 	}
 	res.Seq = ix.Seq
+	dbErr := func() error {
+		if len(res.DatabaseErrors) == 0 {
+			return nil
+		}
+		return fmt.Errorf("%w: %s (each kept its previous checkpointed copy)", ErrDatabase, strings.Join(res.DatabaseErrors, "; "))
+	}
 	if ix.Seq > 0 && ix.Base == ix.Seq && root.key == ix.Dirs[""].Key {
 		// Nothing to commit; keep refreshed stat data so the next idle
 		// checkpoint does not re-read files (a local write, no request).
@@ -186,7 +226,7 @@ func (e *Engine) checkpointLocked(ctx context.Context, opts CheckpointOptions, r
 				e.log.Warn("cannot save local index", "lineage", opts.Lineage, "err", err)
 			}
 		}
-		return nil
+		return dbErr()
 	}
 	m := &manifest.Manifest{Version: manifest.Version, Lineage: opts.Lineage,
 		Seq: ix.Seq + 1, Parent: ix.Seq, Time: e.now().UTC(), Writer: writer,
@@ -200,7 +240,7 @@ func (e *Engine) checkpointLocked(ctx context.Context, opts CheckpointOptions, r
 		// The commit stands; a lost index is rebuilt from it next time.
 		e.log.Warn("committed, but cannot save local index", "lineage", opts.Lineage, "err", err)
 	}
-	return nil
+	return dbErr()
 }
 
 // commit writes m; a conflict with a manifest our own writer committed (we
@@ -277,7 +317,8 @@ func (e *Engine) fillIndex(ctx context.Context, ix *index, m *manifest.Manifest)
 			content := make([]segments.Ref, len(en.Content))
 			copy(content, en.Content)
 			ix.Files[rel] = fileState{Type: en.Type, Mode: en.Mode, Size: en.Size, Target: en.Target,
-				Content: content, Chunks: en.Chunks, Racy: true}
+				Content: content, Chunks: en.Chunks, Pages: en.Pages, Format: en.Format,
+				Shipped: en.Size, Racy: true}
 		}
 		return nil
 	}, func(rel string, ref segments.Ref, key segments.ID) {
@@ -343,7 +384,19 @@ func (r *checkpointRun) scanDir(n *node, abs string) error {
 			}
 		case fi.Mode().IsRegular():
 			c.typ = manifest.TypeFile
-			if err := r.file(c, path, fi); err != nil {
+			var err error
+			switch {
+			case r.opts.SQLite != nil && r.opts.SQLite(rel):
+				err = r.database(c, path, fi)
+			case r.opts.AppendOnly != nil && r.opts.AppendOnly(rel):
+				err = r.transcript(c, path, fi)
+			default:
+				err = r.file(c, path, fi)
+			}
+			if errors.Is(err, errSkipEntry) {
+				continue
+			}
+			if err != nil {
 				return err
 			}
 		default:
@@ -383,58 +436,252 @@ func statOf(fi os.FileInfo) (ctime int64, ino, dev uint64) {
 
 // file decides from the index whether the file changed; if so it reads it
 // once, chunk by chunk, uploading only chunks the repository lacks.
-func (r *checkpointRun) file(c *node, path string, fi os.FileInfo) error {
-	r.res.Files++
+// errSkipEntry: the path vanished while being scanned, or (a database that
+// was never captured) has nothing to store: leave it out of this checkpoint.
+var errSkipEntry = errors.New("skip entry")
+
+// statState is what the index will remember of a regular file's stat.
+func (r *checkpointRun) statState(c *node, fi os.FileInfo) fileState {
 	ctime, ino, dev := statOf(fi)
 	st := fileState{Type: manifest.TypeFile, Mode: c.mode, Size: fi.Size(), MTime: c.mtime,
-		CTime: ctime, Ino: ino, Dev: dev}
+		CTime: ctime, Ino: ino, Dev: dev, Format: c.format}
 	// A change within the same clock tick as our read could leave the stat
 	// unchanged; such files are read again next time (as git does).
 	st.Racy = c.mtime >= r.started.Add(-time.Second).UnixNano() || ctime >= r.started.Add(-time.Second).UnixNano()
+	return st
+}
+
+// unchanged reuses the index's content for a file whose stat proves it
+// has not changed since it was last read.
+func (r *checkpointRun) unchanged(c *node, st fileState) bool {
 	old, had := r.ix.Files[c.rel]
-	if had && !old.Racy && old.Type == st.Type && old.Size == st.Size && old.MTime == st.MTime &&
-		old.CTime == st.CTime && old.Ino == st.Ino && old.Dev == st.Dev && old.Mode == st.Mode {
-		for _, ref := range old.Content {
-			c.content = append(c.content, lazyRef{ref: ref})
-			c.size += ref.Size
-		}
-		if old.Chunks != nil {
-			c.list = &lazyRef{ref: *old.Chunks}
-		}
-		st.Content = old.Content
-		c.state = st
-		return nil
+	if !had || old.Racy || old.Type != st.Type || old.Size != st.Size || old.MTime != st.MTime ||
+		old.CTime != st.CTime || old.Ino != st.Ino || old.Dev != st.Dev || old.Mode != st.Mode ||
+		old.Format != st.Format || old.Stamp != st.Stamp {
+		return false
 	}
-	r.res.FilesRead++
+	r.reuse(c, old)
+	st.Content, st.TailHash, st.Shipped = old.Content, old.TailHash, old.Shipped
+	c.state = st
+	return true
+}
+
+// reuse gives c the stored content of old.
+func (r *checkpointRun) reuse(c *node, old fileState) {
+	c.content, c.size = c.content[:0], 0
+	for _, ref := range old.Content {
+		c.content = append(c.content, lazyRef{ref: ref})
+		c.size += ref.Size
+	}
+	c.adoptList(old)
+}
+
+func (r *checkpointRun) open(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil // deleted while we scanned: it is simply not in this checkpoint
+		return nil, errSkipEntry // deleted while we scanned: not in this checkpoint
 	}
 	if err != nil {
-		return fmt.Errorf("open %s: %w", path, err)
+		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	defer f.Close()
-	ch := segments.NewChunker(f, r.params)
-	var size int64
-	var ids []segments.ID
+	return f, nil
+}
+
+// chunker is what file content is cut with: CDC or fixed blocks.
+type chunker interface{ Next() ([]byte, error) }
+
+// ship chunks everything ch yields into p, appending to c.content.
+func (r *checkpointRun) ship(c *node, ch chunker, p *segments.Packer, what string) error {
 	for {
 		chunk, err := ch.Next()
 		if err == io.EOF {
-			break
+			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("read %s: %w", path, err)
+			return fmt.Errorf("read %s: %w", what, err)
 		}
-		id := segments.Sum(chunk)
-		ids = append(ids, id)
-		size += int64(len(chunk))
-		c.content = append(c.content, r.blob(id, chunk, r.data))
+		c.content = append(c.content, r.blob(segments.Sum(chunk), chunk, p))
+		c.size += int64(len(chunk))
 	}
-	c.size = size
-	c.state = st
-	if !had || !sameIDs(old.Content, ids) || old.Mode != st.Mode || old.MTime != st.MTime {
+}
+
+func (r *checkpointRun) countChange(c *node, st fileState) {
+	old, had := r.ix.Files[c.rel]
+	if !had || !sameIDs(old.Content, blobIDs(c.content)) || old.Mode != st.Mode || old.MTime != st.MTime {
 		r.res.FilesChanged++
 	}
+}
+
+func (r *checkpointRun) file(c *node, path string, fi os.FileInfo) error {
+	r.res.Files++
+	st := r.statState(c, fi)
+	if r.unchanged(c, st) {
+		return nil
+	}
+	r.res.FilesRead++
+	f, err := r.open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := r.ship(c, segments.NewChunker(f, r.params), r.data, path); err != nil {
+		return err
+	}
+	c.state = st
+	r.countChange(c, st)
+	return nil
+}
+
+// tailLen is how much of an append-only file's shipped prefix is re-read
+// to check that the writer only appended since.
+const tailLen = 4096
+
+// transcript ships an append-only file: only the complete lines appended
+// since the last checkpoint, while the writer keeps the file open and
+// appending; a torn last line waits for the next checkpoint. A file that
+// shrank, was replaced, or whose shipped tail changed was rewritten (Codex
+// trims history.jsonl in place): it is shipped whole again.
+func (r *checkpointRun) transcript(c *node, path string, fi os.FileInfo) error {
+	r.res.Files++
+	c.format = manifest.FormatLines
+	st := r.statState(c, fi)
+	if r.unchanged(c, st) {
+		return nil
+	}
+	r.res.FilesRead++
+	f, err := r.open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	size := fi.Size()
+	old, had := r.ix.Files[c.rel]
+	start := int64(0)
+	if had && old.Format == manifest.FormatLines && old.Ino == st.Ino && old.Dev == st.Dev &&
+		old.Shipped > 0 && size >= old.Shipped {
+		if h, err := tailHash(f, old.Shipped); err == nil && h == old.TailHash {
+			start = old.Shipped
+		}
+	}
+	end, err := lastNewline(f, start, size)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	if start > 0 {
+		r.reuse(c, old) // the prefix is what was shipped before
+	} else {
+		c.content, c.size, c.list, c.pages = nil, 0, nil, nil
+	}
+	if end > start {
+		ch := segments.NewChunker(io.NewSectionReader(f, start, end-start), r.params)
+		if err := r.ship(c, ch, r.lines, path); err != nil {
+			return err
+		}
+		c.list, c.pages = nil, nil // the chunk list is rebuilt with the new lines
+	}
+	st.Shipped = c.size
+	if st.TailHash, err = tailHash(f, c.size); err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	c.state = st
+	r.countChange(c, st)
+	return nil
+}
+
+// lastNewline returns the offset just past the last '\n' in [start, end),
+// or start if that range holds no complete line.
+func lastNewline(f *os.File, start, end int64) (int64, error) {
+	buf := make([]byte, 64<<10)
+	for pos := end; pos > start; {
+		n := min(int64(len(buf)), pos-start)
+		pos -= n
+		if _, err := f.ReadAt(buf[:n], pos); err != nil {
+			return 0, err
+		}
+		if i := bytes.LastIndexByte(buf[:n], '\n'); i >= 0 {
+			return pos + int64(i) + 1, nil
+		}
+	}
+	return start, nil
+}
+
+// tailHash hashes the last tailLen bytes before off.
+func tailHash(f *os.File, off int64) (uint64, error) {
+	n := min(off, tailLen)
+	buf := make([]byte, n)
+	if _, err := f.ReadAt(buf, off-n); err != nil {
+		return 0, err
+	}
+	return xxhash.Sum64(buf), nil
+}
+
+// dbBlock is the fixed block size databases are cut into: a multiple of
+// every SQLite page size up to 16 KiB, so one changed page changes one
+// block, and large enough to keep the chunk list short.
+const dbBlock = 16 << 10
+
+// database captures a SQLite database with the online backup API into an
+// owner-only staging file and ships it in page-aligned blocks. An idle
+// database (same stamp of db and -wal) is neither opened nor uploaded. A
+// database that cannot be captured keeps its previous checkpointed copy and
+// the checkpoint reports the error; nothing else is lost.
+func (r *checkpointRun) database(c *node, path string, fi os.FileInfo) error {
+	r.res.Files++
+	c.format = manifest.FormatSQLite
+	st := r.statState(c, fi)
+	stamp, err := r.e.dbs.Stamp(path)
+	if err != nil {
+		return r.dbFailed(c, fmt.Errorf("%s: %w", c.rel, err))
+	}
+	st.Stamp = stamp
+	if r.unchanged(c, st) {
+		return nil
+	}
+	r.res.FilesRead++
+	dir, err := r.e.state.lineageDir(r.opts.Lineage)
+	if err != nil {
+		return err
+	}
+	staging, err := os.MkdirTemp(dir, "db-")
+	if err != nil {
+		return fmt.Errorf("database staging: %w", err)
+	}
+	defer os.RemoveAll(staging)
+	copyPath := filepath.Join(staging, "snapshot.db")
+	if err := r.e.dbs.Snapshot(r.ctx, path, copyPath); err != nil {
+		if r.ctx.Err() != nil {
+			return r.ctx.Err()
+		}
+		return r.dbFailed(c, fmt.Errorf("%s: %w", c.rel, err))
+	}
+	f, err := os.Open(copyPath)
+	if err != nil {
+		return fmt.Errorf("open database snapshot of %s: %w", c.rel, err)
+	}
+	defer f.Close()
+	c.content, c.size, c.list, c.pages = nil, 0, nil, nil
+	if err := r.ship(c, segments.NewFixedChunker(f, dbBlock), r.data, c.rel); err != nil {
+		return err
+	}
+	st.Shipped = c.size
+	c.state = st
+	r.countChange(c, st)
+	return nil
+}
+
+// dbFailed keeps the previous good copy of a database that could not be
+// captured this time, and records the error.
+func (r *checkpointRun) dbFailed(c *node, err error) error {
+	r.e.log.Error("database not captured; keeping its previous checkpoint", "path", c.rel, "err", err)
+	r.res.DatabaseErrors = append(r.res.DatabaseErrors, err.Error())
+	old, had := r.ix.Files[c.rel]
+	if !had || old.Format != manifest.FormatSQLite {
+		return errSkipEntry
+	}
+	r.reuse(c, old)
+	c.mtime, c.mode = old.MTime, old.Mode
+	old.Racy = true // try again next time
+	c.state = old
 	return nil
 }
 
@@ -485,16 +732,7 @@ func (r *checkpointRun) buildTree(n *node) {
 	// same-segment rule above holds for them too).
 	for _, c := range n.children {
 		if c.typ == manifest.TypeFile && len(c.content) > manifest.InlineChunks && c.list == nil {
-			refs := make([]segments.Ref, len(c.content))
-			for i, l := range c.content {
-				refs[i] = l.get()
-			}
-			b, err := manifest.EncodeChunkList(refs)
-			if err != nil {
-				panic(fmt.Sprintf("encode chunk list of %q: %v", c.rel, err))
-			}
-			l := r.blob(segments.Sum(b), b, r.trees)
-			c.list = &l
+			r.packList(c)
 		}
 	}
 	full := manifest.Tree{Entries: make([]manifest.Entry, 0, len(n.children))}
@@ -502,7 +740,7 @@ func (r *checkpointRun) buildTree(n *node) {
 		en := manifest.Entry{Name: c.name, Type: c.typ, Mode: c.mode, MTime: c.mtime}
 		switch c.typ {
 		case manifest.TypeFile:
-			en.Size = c.size
+			en.Size, en.Format = c.size, c.format
 			for _, l := range c.content {
 				en.Content = append(en.Content, l.get())
 			}
@@ -536,6 +774,54 @@ func (r *checkpointRun) buildTree(n *node) {
 	n.tree = r.blob(segments.Sum(b), b, r.trees)
 }
 
+// packList packs c's chunk list: one leaf, or leaves of PageChunks and an
+// index of them. Pages are content-addressed, so after an append only the
+// last page (and the index) is new.
+func (r *checkpointRun) packList(c *node) {
+	refs := make([]segments.Ref, len(c.content))
+	for i, l := range c.content {
+		refs[i] = l.get()
+	}
+	leaf := func(part []segments.Ref) lazyRef {
+		b, err := manifest.EncodeChunkList(part)
+		if err != nil {
+			panic(fmt.Sprintf("encode chunk list of %q: %v", c.rel, err))
+		}
+		return r.blob(segments.Sum(b), b, r.trees)
+	}
+	if len(refs) <= manifest.PageChunks {
+		l := leaf(refs)
+		c.list = &l
+		return
+	}
+	c.pages = c.pages[:0]
+	for i := 0; i < len(refs); i += manifest.PageChunks {
+		c.pages = append(c.pages, leaf(refs[i:min(i+manifest.PageChunks, len(refs))]))
+	}
+	// Page references are taken right before the index is packed.
+	prefs := make([]segments.Ref, len(c.pages))
+	for i, p := range c.pages {
+		prefs[i] = p.get()
+	}
+	b, err := manifest.EncodeChunkIndex(prefs)
+	if err != nil {
+		panic(fmt.Sprintf("encode chunk index of %q: %v", c.rel, err))
+	}
+	l := r.blob(segments.Sum(b), b, r.trees)
+	c.list = &l
+}
+
+// adoptList makes c keep the stored chunk list of an unchanged file.
+func (c *node) adoptList(old fileState) {
+	c.list, c.pages = nil, nil
+	if old.Chunks != nil {
+		c.list = &lazyRef{ref: *old.Chunks}
+	}
+	for _, p := range old.Pages {
+		c.pages = append(c.pages, lazyRef{ref: p})
+	}
+}
+
 // adopt reuses the stored tree of an unchanged directory, if the index has
 // it consistently for every child.
 func (r *checkpointRun) adopt(n *node) bool {
@@ -543,8 +829,7 @@ func (r *checkpointRun) adopt(n *node) bool {
 	if !ok || old.Key != n.key || old.Tree.Segment.IsZero() {
 		return false
 	}
-	contents := make([][]segments.Ref, len(n.children))
-	lists := make([]*segments.Ref, len(n.children))
+	olds := make([]*fileState, len(n.children))
 	for i, c := range n.children {
 		switch c.typ {
 		case manifest.TypeFile:
@@ -552,7 +837,7 @@ func (r *checkpointRun) adopt(n *node) bool {
 			if !ok || !sameIDs(f.Content, blobIDs(c.content)) || (f.Chunks != nil) != (len(c.content) > manifest.InlineChunks) {
 				return false
 			}
-			contents[i], lists[i] = f.Content, f.Chunks
+			olds[i] = &f
 		case manifest.TypeDir:
 			d, ok := r.ix.Dirs[c.rel]
 			if !ok || d.Tree != c.tree.get() {
@@ -561,15 +846,14 @@ func (r *checkpointRun) adopt(n *node) bool {
 		}
 	}
 	for i, c := range n.children {
-		if contents[i] != nil {
-			c.content = c.content[:0]
-			for _, ref := range contents[i] {
-				c.content = append(c.content, lazyRef{ref: ref})
-			}
+		if olds[i] == nil {
+			continue
 		}
-		if lists[i] != nil {
-			c.list = &lazyRef{ref: *lists[i]}
+		c.content = c.content[:0]
+		for _, ref := range olds[i].Content {
+			c.content = append(c.content, lazyRef{ref: ref})
 		}
+		c.adoptList(*olds[i])
 	}
 	n.tree = lazyRef{ref: old.Tree}
 	return true
@@ -612,10 +896,16 @@ func (r *checkpointRun) collect(root *node) (map[string]fileState, map[string]di
 					st.Content[i] = l.get()
 					segSet[st.Content[i].Segment] = struct{}{}
 				}
+				st.Chunks, st.Pages = nil, nil
 				if c.list != nil {
 					lr := c.list.get()
 					st.Chunks = &lr
 					segSet[lr.Segment] = struct{}{}
+				}
+				for _, p := range c.pages {
+					pr := p.get()
+					st.Pages = append(st.Pages, pr)
+					segSet[pr.Segment] = struct{}{}
 				}
 				files[c.rel] = st
 			}

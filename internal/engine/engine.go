@@ -24,7 +24,26 @@ var (
 	ErrIncomplete = errors.New("restore incomplete")
 	// ErrVerify: verify found a problem in the selected manifest.
 	ErrVerify = errors.New("verification failed")
+	// ErrNotRestored: the lineage has checkpoints but this machine never
+	// restored it, so its tree must not become the new truth by accident.
+	ErrNotRestored = errors.New("lineage not restored on this machine")
+	// ErrDatabase: a database could not be captured (it fails quick_check
+	// or cannot be opened); the checkpoint kept its previous good copy.
+	ErrDatabase = errors.New("database not captured")
 )
+
+// Databases captures and checks SQLite databases; package adapters
+// implements it with SQLite's online backup API.
+type Databases interface {
+	// Stamp summarises a database and its -wal from stat alone, so an idle
+	// database is recognised without being opened.
+	Stamp(path string) (string, error)
+	// Snapshot captures the live database at src into dst, an owner-only
+	// file, self-contained (no -wal) and passing quick_check.
+	Snapshot(ctx context.Context, src, dst string) error
+	// Valid reports whether the database at path passes quick_check.
+	Valid(ctx context.Context, path string) bool
+}
 
 // Options configures an Engine.
 type Options struct {
@@ -35,6 +54,9 @@ type Options struct {
 	Logger   *slog.Logger
 	// Now is the clock used for manifest times (default time.Now).
 	Now func() time.Time
+	// Databases captures files a checkpoint marks as SQLite; required for
+	// CheckpointOptions.SQLite.
+	Databases Databases
 }
 
 // Engine checkpoints and restores trees into one store.
@@ -46,6 +68,7 @@ type Engine struct {
 	par   int
 	now   func() time.Time
 	cfg   *manifest.Config
+	dbs   Databases
 }
 
 // New returns an engine on st. It does no I/O against the store.
@@ -62,7 +85,7 @@ func New(st store.Store, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{st: store.NewCounting(st), codec: codec, state: state,
-		log: opts.Logger, par: opts.Parallel, now: opts.Now}
+		log: opts.Logger, par: opts.Parallel, now: opts.Now, dbs: opts.Databases}
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
 	}
@@ -137,16 +160,43 @@ func (e *Engine) loadTree(ctx context.Context, ref segments.Ref) (manifest.Tree,
 		if en.Chunks != nil {
 			r := en.Chunks.Resolve(ref.Segment)
 			en.Chunks = &r
-			lb, err := e.codec.ReadBlob(ctx, e.st, r, segments.ID{})
-			if err != nil {
-				return manifest.Tree{}, fmt.Errorf("chunk list of %q: %w", en.Name, err)
-			}
-			if en.Content, err = manifest.DecodeChunkList(lb, en.Size); err != nil {
+			if err := e.loadChunks(ctx, en); err != nil {
 				return manifest.Tree{}, fmt.Errorf("chunk list of %q in segment %s: %w", en.Name, r.Segment, err)
 			}
 		}
 	}
 	return t, nil
+}
+
+// loadChunks fills a file entry's Content (and Pages) from its chunk list:
+// a leaf, or an index of leaves (one level, never deeper).
+func (e *Engine) loadChunks(ctx context.Context, en *manifest.Entry) error {
+	b, err := e.codec.ReadBlob(ctx, e.st, *en.Chunks, segments.ID{})
+	if err != nil {
+		return err
+	}
+	refs, pages, err := manifest.DecodeChunkList(b)
+	if err != nil {
+		return err
+	}
+	for _, p := range pages {
+		p = p.Resolve(en.Chunks.Segment)
+		pb, err := e.codec.ReadBlob(ctx, e.st, p, segments.ID{})
+		if err != nil {
+			return fmt.Errorf("page %s: %w", p.Blob, err)
+		}
+		leaf, sub, err := manifest.DecodeChunkList(pb)
+		if err != nil {
+			return fmt.Errorf("page %s: %w", p.Blob, err)
+		}
+		if len(sub) > 0 {
+			return fmt.Errorf("page %s: %w: pages nested deeper than one level", p.Blob, manifest.ErrInvalid)
+		}
+		refs = append(refs, leaf...)
+		en.Pages = append(en.Pages, p)
+	}
+	en.Content = refs
+	return manifest.CheckContent(refs, en.Size)
 }
 
 // walkFn is called for every entry of a manifest's tree, parents first.

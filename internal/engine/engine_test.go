@@ -228,7 +228,7 @@ func TestConcurrentWriterIsRefused(t *testing.T) {
 	testutil.GenTree(t, b, testutil.TreeSpec{Seed: 7, SmallFiles: 3})
 	f.checkpoint(f.e, a)
 	other := f.engine(filepath.Join(f.root, "other-state"))
-	if _, err := other.Checkpoint(context.Background(), CheckpointOptions{Lineage: "test", Dir: b}); err != nil {
+	if _, err := other.Checkpoint(context.Background(), CheckpointOptions{Lineage: "test", Dir: b, Authoritative: true}); err != nil {
 		t.Fatal(err) // its index is rebuilt from seq 1: it commits seq 2
 	}
 	os.WriteFile(filepath.Join(a, "more"), []byte("x"), 0o644)

@@ -221,7 +221,7 @@ func (e *Engine) restoreManifest(ctx context.Context, m *manifest.Manifest, root
 	bySeg := map[segments.ID]map[int64][]chunkTarget{}
 	refsOf := map[segments.ID][]segments.Ref{}
 	for i, it := range items {
-		it.action = decide(root, it)
+		it.action = e.decide(ctx, root, dir, it)
 		if it.action != actWrite {
 			continue
 		}
@@ -257,6 +257,9 @@ func (e *Engine) restoreManifest(ctx context.Context, m *manifest.Manifest, root
 	for _, it := range items {
 		if it.en.Chunks != nil {
 			meta[it.en.Chunks.Segment] = true
+		}
+		for _, p := range it.en.Pages {
+			meta[p.Segment] = true
 		}
 	}
 	for seg := range meta {
@@ -318,11 +321,8 @@ func (e *Engine) restoreManifest(ctx context.Context, m *manifest.Manifest, root
 			}
 			res.Written++
 		}
-		if fi, err := root.Lstat(it.rel); err == nil {
-			ctime, ino, dev := statOf(fi)
-			placed[it.rel] = fileState{Type: it.en.Type, Mode: it.en.Mode, Size: fi.Size(),
-				MTime: fi.ModTime().UnixNano(), CTime: ctime, Ino: ino, Dev: dev,
-				Target: it.en.Target, Content: it.en.Content, Chunks: it.en.Chunks}
+		if st, ok := e.restoredState(root, dir, it); ok {
+			placed[it.rel] = st
 		}
 	}
 	// Directory times last, deepest first, once nothing more is put in them.
@@ -352,6 +352,40 @@ func (e *Engine) restoreManifest(ctx context.Context, m *manifest.Manifest, root
 		e.log.Warn("restored, but cannot save local index", "lineage", m.Lineage, "err", err)
 	}
 	return nil
+}
+
+// restoredState is the index entry for a file restore placed (or found
+// equal), so the next checkpoint starts from it without re-reading.
+func (e *Engine) restoredState(root *os.Root, dir string, it *restoreItem) (fileState, bool) {
+	fi, err := root.Lstat(it.rel)
+	if err != nil {
+		return fileState{}, false
+	}
+	ctime, ino, dev := statOf(fi)
+	st := fileState{Type: it.en.Type, Mode: it.en.Mode, Size: fi.Size(),
+		MTime: fi.ModTime().UnixNano(), CTime: ctime, Ino: ino, Dev: dev,
+		Target: it.en.Target, Content: it.en.Content, Chunks: it.en.Chunks, Pages: it.en.Pages,
+		Format: it.en.Format, Shipped: it.en.Size}
+	abs := filepath.Join(dir, filepath.FromSlash(it.rel))
+	switch it.en.Format {
+	case manifest.FormatLines:
+		f, err := os.Open(abs)
+		if err != nil {
+			return fileState{}, false
+		}
+		defer f.Close()
+		if st.TailHash, err = tailHash(f, it.en.Size); err != nil {
+			return fileState{}, false
+		}
+	case manifest.FormatSQLite:
+		if e.dbs == nil {
+			return fileState{}, false
+		}
+		if st.Stamp, err = e.dbs.Stamp(abs); err != nil {
+			return fileState{}, false
+		}
+	}
+	return st, true
 }
 
 // checkSegments confirms that every segment the manifest lists exists, so
@@ -488,10 +522,18 @@ func writeAt(root *os.Root, name string, b []byte, off int64) error {
 }
 
 // decide what restore does with one file or symlink: never overwrite a
-// local file newer than the checkpoint (a hot restart keeps newer work).
-func decide(root *os.Root, it *restoreItem) int {
+// local file newer than the checkpoint (a hot restart keeps newer work). A
+// local database that passes quick_check is authoritative and left alone;
+// a corrupt one is replaced by the checkpointed copy.
+func (e *Engine) decide(ctx context.Context, root *os.Root, dir string, it *restoreItem) int {
 	fi, err := root.Lstat(it.rel)
 	if err != nil {
+		return actWrite
+	}
+	if it.en.Format == manifest.FormatSQLite && fi.Mode().IsRegular() {
+		if e.dbs != nil && e.dbs.Valid(ctx, filepath.Join(dir, filepath.FromSlash(it.rel))) {
+			return actKeep
+		}
 		return actWrite
 	}
 	mt := fi.ModTime().UnixNano()
@@ -543,6 +585,15 @@ func place(root *os.Root, it *restoreItem) error {
 	case manifest.TypeFile:
 		if err := root.Chmod(it.staged, fileMode(it.en.Mode)); err != nil {
 			return err
+		}
+		if it.en.Format == manifest.FormatSQLite {
+			// A stale -wal beside the restored file would be replayed into
+			// it by the next opener: remove companions first.
+			for _, suf := range []string{"-wal", "-shm", "-journal"} {
+				if err := root.Remove(it.rel + suf); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					return fmt.Errorf("remove stale %s: %w", it.rel+suf, err)
+				}
+			}
 		}
 		mt := time.Unix(0, it.en.MTime)
 		if err := root.Chtimes(it.staged, mt, mt); err != nil {

@@ -44,7 +44,19 @@ type fileState struct {
 	Content []segments.Ref `json:"c,omitempty"`
 	// Chunks is the chunk list blob that holds Content in the stored tree,
 	// for files of more than manifest.InlineChunks chunks.
-	Chunks *segments.Ref `json:"cl,omitempty"`
+	Chunks *segments.Ref   `json:"cl,omitempty"`
+	Pages  []segments.Ref `json:"cp,omitempty"`
+	// Format is the entry's manifest.Format ("" for a regular file).
+	Format string `json:"f,omitempty"`
+	// TailHash is the xxhash64 of the last tailLen bytes of an append-only
+	// file's shipped prefix (Size in the tree): a cheap check that the
+	// writer only appended since.
+	TailHash uint64 `json:"th,omitempty"`
+	// Stamp is a database's change stamp (Databases.Stamp).
+	Stamp string `json:"ds,omitempty"`
+	// Shipped is the content length stored (for append-only files, up to
+	// the last complete line; Size is the file's stat size).
+	Shipped int64 `json:"sh,omitempty"`
 	// Racy: modified too close to when it was read for the stat to prove
 	// the content unchanged next time; re-read it.
 	Racy bool `json:"r,omitempty"`
@@ -88,6 +100,9 @@ func (ix *index) known() map[segments.ID]segments.Ref {
 		}
 		if f.Chunks != nil {
 			m[f.Chunks.Blob] = *f.Chunks
+		}
+		for _, p := range f.Pages {
+			m[p.Blob] = p
 		}
 	}
 	for _, d := range ix.Dirs {
@@ -188,10 +203,28 @@ func (s *stateDir) loadIndex(lineage, storeID string) (*index, error) {
 
 var errCorruptIndex = errors.New("local index is corrupt")
 
+// initialized reports whether this machine has restored or checkpointed
+// the lineage (see saveIndex).
+func (s *stateDir) initialized(lineage string) bool {
+	d, err := s.lineageDir(lineage)
+	if err != nil {
+		return false
+	}
+	_, err = os.Stat(filepath.Join(d, "initialized"))
+	return err == nil
+}
+
 func (s *stateDir) saveIndex(ix *index) error {
 	d, err := s.lineageDir(ix.Lineage)
 	if err != nil {
 		return err
+	}
+	// The marker outlives a lost or corrupt index: it says this machine
+	// restored or created the lineage, so the index may be rebuilt.
+	if _, err := os.Stat(filepath.Join(d, "initialized")); errors.Is(err, fs.ErrNotExist) {
+		if err := writeFileAtomic(filepath.Join(d, "initialized"), []byte(time.Now().UTC().Format(time.RFC3339)+"\n")); err != nil {
+			return fmt.Errorf("mark lineage %q initialized: %w", ix.Lineage, err)
+		}
 	}
 	b, err := json.Marshal(ix)
 	if err != nil {

@@ -69,6 +69,11 @@ func (e *Engine) Verify(ctx context.Context, lineage string, seq uint64) (*Verif
 			if en.Chunks != nil && !m.HasSegment(en.Chunks.Segment) {
 				return fmt.Errorf("%w: %s: chunk list in segment %s that the manifest does not list", manifest.ErrInvalid, rel, en.Chunks.Segment)
 			}
+			for _, p := range en.Pages {
+				if !m.HasSegment(p.Segment) {
+					return fmt.Errorf("%w: %s: chunk list page in segment %s that the manifest does not list", manifest.ErrInvalid, rel, p.Segment)
+				}
+			}
 			for _, r := range en.Content {
 				if !m.HasSegment(r.Segment) {
 					return fmt.Errorf("%w: %s: chunk in segment %s that the manifest does not list", manifest.ErrInvalid, rel, r.Segment)
