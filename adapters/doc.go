@@ -1,6 +1,7 @@
-// Package adapters will hold harness semantics: which paths of an agent
-// home to checkpoint, which files are append-only transcripts, which are
-// SQLite databases, what to exclude, and presets for Codex, Claude Code,
-// Gemini CLI, OpenClaw, opencode and Hermes (issue #3). Until then the
-// engine checkpoints a plain directory tree.
+// Package adapters holds harness semantics: an Adapter says which directory
+// is one lineage's live state, what to exclude, which files are append-only
+// transcripts (shipped as complete-line segments) and which are SQLite
+// databases (captured with the online backup API, see sqlite.go). It has
+// built-in presets for Codex, Claude Code, Gemini CLI, OpenClaw, opencode
+// and Hermes, and reads a YAML config for custom adapters and overrides.
 package adapters
