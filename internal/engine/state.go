@@ -44,7 +44,7 @@ type fileState struct {
 	Content []segments.Ref `json:"c,omitempty"`
 	// Chunks is the chunk list blob that holds Content in the stored tree,
 	// for files of more than manifest.InlineChunks chunks.
-	Chunks *segments.Ref   `json:"cl,omitempty"`
+	Chunks *segments.Ref  `json:"cl,omitempty"`
 	Pages  []segments.Ref `json:"cp,omitempty"`
 	// Format is the entry's manifest.Format ("" for a regular file).
 	Format string `json:"f,omitempty"`
