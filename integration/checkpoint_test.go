@@ -355,9 +355,11 @@ func TestConcurrentCheckpointsOneWins(t *testing.T) {
 		if err != nil || seqs[0] != uint64(round+2) || len(seqs) != round+2 {
 			t.Fatalf("round %d: sequences %v, %v: exactly one commit per round", round, seqs, err)
 		}
-		// Whoever won, carry on from the newest state for the next round.
+		// Whoever won, carry on from the newest state for the next round
+		// (a new state directory: the tree is declared the truth).
 		a = newCLI(t, storeURL, env)
-		a.checkpoint("race", src)
+		var out checkpointOut
+		a.mustJSON(&out, "checkpoint", "--lineage", "race", "--dir", src, "--authoritative")
 	}
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -9,49 +10,72 @@ import (
 	"github.com/agentstate/agentstate/internal/engine"
 )
 
-type lineageFlags struct {
-	lineage string
-	dir     string
-	seq     uint64
-}
-
 func newCheckpointCmd(g *globalFlags) *cobra.Command {
-	var f lineageFlags
+	var t targetFlags
+	var authoritative bool
 	cmd := &cobra.Command{
-		Use:   "checkpoint --lineage NAME --dir PATH",
-		Short: "Upload what changed in a directory and commit a new checkpoint",
-		Long: `Checkpoint scans --dir, reads only files whose size, mtime, ctime or inode
-changed since the last checkpoint (the local index in --state-dir remembers),
-uploads the content the repository does not have yet, and commits a manifest
-last. A tree with no change costs no request to the store.
+		Use:   "checkpoint (--adapter NAME... | --all | --lineage NAME --dir PATH)",
+		Short: "Upload what changed and commit a new checkpoint",
+		Long: `Checkpoint scans each directory, reads only files whose size, mtime, ctime or
+inode changed since the last checkpoint (the local index in --state-dir
+remembers), uploads the content the repository does not have yet, and commits
+a manifest last. A tree with no change costs no request to the store.
 
-If another writer committed to the same lineage first, nothing is committed
-and the exit code is 3: one writer per lineage.`,
-		Example: `  agentstate checkpoint --lineage claude --dir ~/.claude
-  AGENTSTATE_STORE=s3://agents/prod agentstate checkpoint --lineage codex --dir $CODEX_HOME --json`,
+With adapters, append-only transcripts ship only the complete lines appended
+since the last checkpoint, and SQLite databases are captured with the online
+backup API and checked with quick_check; a database that fails keeps its
+previous good copy and the command exits non-zero after committing the rest.
+
+A lineage that already has checkpoints is only checkpointed on a machine that
+restored it (or created it), so a partial restore never becomes the new truth;
+--authoritative overrides that. If another writer committed to the lineage
+first, nothing is committed and the exit code is 3: one writer per lineage.`,
+		Example: `  agentstate checkpoint --adapter claude --adapter codex
+  agentstate checkpoint --all --json
+  agentstate checkpoint --lineage notes --dir ~/notes`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := requireFlags(cmd, "lineage", "dir"); err != nil {
+			targets, err := t.resolve(cmd, g)
+			if err != nil {
 				return err
 			}
 			e, _, err := g.openEngine(cmd.Context(), cmd)
 			if err != nil {
 				return err
 			}
-			res, err := e.Checkpoint(cmd.Context(), engine.CheckpointOptions{Lineage: f.lineage, Dir: f.dir})
-			if err != nil {
-				return err
+			var errs []error
+			var results []*engine.CheckpointResult
+			for _, tg := range targets {
+				res, err := e.Checkpoint(cmd.Context(), tg.checkpointOptions(authoritative))
+				if err != nil {
+					errs = append(errs, err)
+				}
+				if res != nil && (err == nil || res.Committed) {
+					results = append(results, res)
+					if !g.jsonOut {
+						fmt.Fprintln(cmd.OutOrStdout(), describeCheckpoint(res))
+					}
+				}
 			}
 			if g.jsonOut {
-				return printJSON(cmd.OutOrStdout(), res)
+				if err := printJSON(cmd.OutOrStdout(), oneOrMany(results, t.lineage != "")); err != nil {
+					errs = append(errs, err)
+				}
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), describeCheckpoint(res))
-			return nil
+			return errors.Join(errs...)
 		},
 	}
-	cmd.Flags().StringVar(&f.lineage, "lineage", "", "lineage name: one harness of one deployment (letters, digits, . _ -)")
-	cmd.Flags().StringVar(&f.dir, "dir", "", "directory to checkpoint")
+	t.register(cmd, true)
+	cmd.Flags().BoolVar(&authoritative, "authoritative", false, "commit the local tree even if this machine never restored the lineage")
 	return cmd
+}
+
+// oneOrMany keeps the plain --lineage form's JSON a single object.
+func oneOrMany[T any](list []T, single bool) any {
+	if single && len(list) == 1 {
+		return list[0]
+	}
+	return list
 }
 
 func describeCheckpoint(r *engine.CheckpointResult) string {
@@ -65,46 +89,64 @@ func describeCheckpoint(r *engine.CheckpointResult) string {
 }
 
 func newRestoreCmd(g *globalFlags) *cobra.Command {
-	var f lineageFlags
+	var t targetFlags
+	var seq uint64
 	cmd := &cobra.Command{
-		Use:   "restore --lineage NAME --dir PATH [--seq N]",
-		Short: "Restore a directory from the newest checkpoint that verifies",
-		Long: `Restore downloads the newest checkpoint of the lineage whose manifest and
-objects verify (every byte is checked by SHA-256), stages it inside --dir and
-only then moves each file into place atomically, with its mode and mtime.
-A checkpoint that fails to verify is reported and the one before it is used.
+		Use:   "restore (--adapter NAME... | --all | --lineage NAME --dir PATH) [--seq N]",
+		Short: "Restore from the newest checkpoint that verifies",
+		Long: `Restore downloads the newest checkpoint of each lineage whose manifest and
+objects verify (every byte is checked by SHA-256), stages it inside the
+directory and only then moves each file into place atomically, with its mode
+and mtime. A checkpoint that fails to verify is reported and the one before it
+is used.
 
-A local file newer than the checkpointed one is kept (hot restart). Nothing
-is ever written outside --dir or through a symlink. An empty lineage is not
-an error: it is a first start.
+A local file newer than the checkpointed one is kept, and so is a local SQLite
+database that passes quick_check (hot restart); a restored database never has
+stale -wal/-shm files beside it. Nothing is ever written outside the directory
+or through a symlink. An empty lineage is not an error: it is a first start.
 
 Exit code 4 names every path that could not be written; 5 means manifests
 exist but none verifies.`,
-		Example: `  agentstate restore --lineage claude --dir ~/.claude
-  agentstate restore --lineage claude --dir /tmp/inspect --seq 41`,
+		Example: `  agentstate restore --all
+  agentstate restore --adapter claude
+  agentstate restore --lineage notes --dir /tmp/inspect --seq 41`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := requireFlags(cmd, "lineage", "dir"); err != nil {
+			targets, err := t.resolve(cmd, g)
+			if err != nil {
 				return err
+			}
+			if seq != 0 && len(targets) != 1 {
+				return usageError{errors.New("--seq names a sequence of one lineage: select exactly one")}
 			}
 			e, _, err := g.openEngine(cmd.Context(), cmd)
 			if err != nil {
 				return err
 			}
-			res, err := e.Restore(cmd.Context(), engine.RestoreOptions{Lineage: f.lineage, Dir: f.dir, Seq: f.seq})
-			if g.jsonOut && res != nil {
-				if perr := printJSON(cmd.OutOrStdout(), res); perr != nil && err == nil {
-					err = perr
+			var errs []error
+			var results []*engine.RestoreResult
+			for _, tg := range targets {
+				res, err := e.Restore(cmd.Context(), engine.RestoreOptions{Lineage: tg.Lineage, Dir: tg.Dir, Seq: seq})
+				if err != nil {
+					errs = append(errs, err)
 				}
-			} else if res != nil {
-				fmt.Fprintln(cmd.OutOrStdout(), describeRestore(res))
+				if res != nil {
+					results = append(results, res)
+					if !g.jsonOut {
+						fmt.Fprintln(cmd.OutOrStdout(), describeRestore(res))
+					}
+				}
 			}
-			return err
+			if g.jsonOut {
+				if err := printJSON(cmd.OutOrStdout(), oneOrMany(results, t.lineage != "")); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			return errors.Join(errs...)
 		},
 	}
-	cmd.Flags().StringVar(&f.lineage, "lineage", "", "lineage name")
-	cmd.Flags().StringVar(&f.dir, "dir", "", "directory to restore into (created if missing)")
-	cmd.Flags().Uint64Var(&f.seq, "seq", 0, "restore exactly this sequence number (default: newest that verifies)")
+	t.register(cmd, true)
+	cmd.Flags().Uint64Var(&seq, "seq", 0, "restore exactly this sequence number (default: newest that verifies)")
 	return cmd
 }
 
@@ -125,78 +167,108 @@ func describeRestore(r *engine.RestoreResult) string {
 }
 
 func newLsCmd(g *globalFlags) *cobra.Command {
-	var f lineageFlags
+	var t targetFlags
 	cmd := &cobra.Command{
-		Use:   "ls --lineage NAME",
-		Short: "List the checkpoints of a lineage, newest first",
+		Use:   "ls (--adapter NAME... | --all | --lineage NAME)",
+		Short: "List the checkpoints of lineages, newest first",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := requireFlags(cmd, "lineage"); err != nil {
+			targets, err := t.resolve(cmd, g)
+			if err != nil {
 				return err
 			}
 			e, _, err := g.openEngine(cmd.Context(), cmd)
 			if err != nil {
 				return err
 			}
-			list, err := e.List(cmd.Context(), f.lineage)
-			if err != nil {
-				return err
-			}
-			if g.jsonOut {
-				return printJSON(cmd.OutOrStdout(), list)
-			}
+			all := map[string][]engine.Summary{}
 			w := cmd.OutOrStdout()
-			if len(list) == 0 {
-				fmt.Fprintf(w, "lineage %s has no checkpoint\n", f.lineage)
-				return nil
-			}
-			fmt.Fprintf(w, "%-8s %-25s %8s %10s %8s  %s\n", "SEQ", "TIME", "FILES", "BYTES", "SEGMENTS", "WRITER")
-			for _, s := range list {
-				if s.Error != "" {
-					fmt.Fprintf(w, "%-8d INVALID: %s\n", s.Seq, s.Error)
+			for _, tg := range targets {
+				list, err := e.List(cmd.Context(), tg.Lineage)
+				if err != nil {
+					return err
+				}
+				all[tg.Lineage] = list
+				if g.jsonOut {
 					continue
 				}
-				fmt.Fprintf(w, "%-8d %-25s %8d %10s %8d  %s\n", s.Seq, s.Time.Format(time.RFC3339),
-					s.Totals.Files, humanBytes(s.Totals.Bytes), s.Segments, s.Writer)
+				if len(list) == 0 {
+					fmt.Fprintf(w, "lineage %s has no checkpoint\n", tg.Lineage)
+					continue
+				}
+				if len(targets) > 1 {
+					fmt.Fprintf(w, "lineage %s\n", tg.Lineage)
+				}
+				fmt.Fprintf(w, "%-8s %-25s %8s %10s %8s  %s\n", "SEQ", "TIME", "FILES", "BYTES", "SEGMENTS", "WRITER")
+				for _, s := range list {
+					if s.Error != "" {
+						fmt.Fprintf(w, "%-8d INVALID: %s\n", s.Seq, s.Error)
+						continue
+					}
+					fmt.Fprintf(w, "%-8d %-25s %8d %10s %8d  %s\n", s.Seq, s.Time.Format(time.RFC3339),
+						s.Totals.Files, humanBytes(s.Totals.Bytes), s.Segments, s.Writer)
+				}
+			}
+			if g.jsonOut {
+				if t.lineage != "" {
+					return printJSON(w, all[t.lineage])
+				}
+				return printJSON(w, all)
 			}
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&f.lineage, "lineage", "", "lineage name")
+	t.register(cmd, false)
 	return cmd
 }
 
 func newVerifyCmd(g *globalFlags) *cobra.Command {
-	var f lineageFlags
+	var t targetFlags
+	var seq uint64
 	cmd := &cobra.Command{
-		Use:   "verify --lineage NAME [--seq N]",
+		Use:   "verify (--adapter NAME... | --all | --lineage NAME) [--seq N]",
 		Short: "Download and check every object a checkpoint needs, writing nothing",
-		Long: `Verify checks one checkpoint (default: the newest) completely: the manifest
-checksum, that every listed segment exists, every tree, and every content
-blob (length, xxhash64 and SHA-256). Exit code 5 if anything is wrong.`,
+		Long: `Verify checks one checkpoint of each lineage (default: the newest) completely:
+the manifest checksum, that every listed segment exists and matches its name
+(SHA-256), every tree, and every content blob (length, xxhash64, SHA-256).
+Exit code 5 if anything is wrong.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := requireFlags(cmd, "lineage"); err != nil {
+			targets, err := t.resolve(cmd, g)
+			if err != nil {
 				return err
+			}
+			if seq != 0 && len(targets) != 1 {
+				return usageError{errors.New("--seq names a sequence of one lineage: select exactly one")}
 			}
 			e, _, err := g.openEngine(cmd.Context(), cmd)
 			if err != nil {
 				return err
 			}
-			res, err := e.Verify(cmd.Context(), f.lineage, f.seq)
-			if err != nil {
-				return err
+			var errs []error
+			var results []*engine.VerifyResult
+			for _, tg := range targets {
+				res, err := e.Verify(cmd.Context(), tg.Lineage, seq)
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				results = append(results, res)
+				if !g.jsonOut {
+					fmt.Fprintf(cmd.OutOrStdout(), "lineage %s seq %d: OK: %d files, %d dirs, %s in %d blobs, %d segments (%d requests, %s)\n",
+						res.Lineage, res.Seq, res.Files, res.Dirs, humanBytes(res.Bytes), res.Blobs, res.Segments,
+						res.Requests, res.Duration.Round(time.Millisecond))
+				}
 			}
 			if g.jsonOut {
-				return printJSON(cmd.OutOrStdout(), res)
+				if err := printJSON(cmd.OutOrStdout(), oneOrMany(results, t.lineage != "")); err != nil {
+					errs = append(errs, err)
+				}
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "lineage %s seq %d: OK: %d files, %d dirs, %s in %d blobs, %d segments (%d requests, %s)\n",
-				res.Lineage, res.Seq, res.Files, res.Dirs, humanBytes(res.Bytes), res.Blobs, res.Segments,
-				res.Requests, res.Duration.Round(time.Millisecond))
-			return nil
+			return errors.Join(errs...)
 		},
 	}
-	cmd.Flags().StringVar(&f.lineage, "lineage", "", "lineage name")
-	cmd.Flags().Uint64Var(&f.seq, "seq", 0, "sequence to verify (default: newest)")
+	t.register(cmd, false)
+	cmd.Flags().Uint64Var(&seq, "seq", 0, "sequence to verify (default: newest)")
 	return cmd
 }

@@ -44,6 +44,7 @@ Exit codes:
   5  no manifest verifies, or verify found damage`
 
 type globalFlags struct {
+	config      string
 	store       string
 	stateDir    string
 	jsonOut     bool
@@ -67,6 +68,7 @@ func newRootCmd() *cobra.Command {
 		return usageError{fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
 	})
 	pf := root.PersistentFlags()
+	pf.StringVar(&g.config, "config", "", "adapters config file (default $AGENTSTATE_CONFIG, else ~/.config/agentstate/config.yaml if present)")
 	pf.StringVar(&g.store, "store", "", "store URL: file:///path or s3://bucket/prefix (default $AGENTSTATE_STORE, else "+defaultStoreHint()+")")
 	pf.StringVar(&g.stateDir, "state-dir", "", "local state (index, lock, writer id), owner-only (default $AGENTSTATE_STATE_DIR, else "+defaultStateHint()+")")
 	pf.BoolVar(&g.jsonOut, "json", false, "print results as JSON")
@@ -77,7 +79,7 @@ func newRootCmd() *cobra.Command {
 	pf.IntVar(&g.parallel, "parallel", 4, "concurrent uploads and downloads")
 
 	root.AddCommand(newCheckpointCmd(g), newRestoreCmd(g), newLsCmd(g), newVerifyCmd(g),
-		newInitCmd(g), newDemoCmd(g), newDemoWriterCmd(), newProbeCmd())
+		newAdaptersCmd(g), newInitCmd(g), newDemoCmd(g), newDemoWriterCmd(), newProbeCmd())
 	return root
 }
 
