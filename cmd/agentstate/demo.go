@@ -229,8 +229,14 @@ func readTree(root string) (map[string][]byte, error) {
 
 // newDemoWriterCmd is the demo's separate writer process: it appends one
 // JSON line at a time, like a harness holding its transcript open.
+//
+// With --torn each line is written in two write calls with a pause between,
+// so a reader often sees a torn last line, as with harnesses that flush
+// per item.
 func newDemoWriterCmd() *cobra.Command {
-	return &cobra.Command{
+	var torn bool
+	var start int
+	cmd := &cobra.Command{
 		Use:    "demo-writer FILE",
 		Hidden: true,
 		Args:   cobra.ExactArgs(1),
@@ -240,8 +246,15 @@ func newDemoWriterCmd() *cobra.Command {
 				return err
 			}
 			defer f.Close()
-			for i := 0; ; i++ {
+			for i := start; ; i++ {
 				line := fmt.Sprintf(`{"type":"event","n":%d,"ts":%q}`+"\n", i, time.Now().UTC().Format(time.RFC3339Nano))
+				if torn {
+					if _, err := io.WriteString(f, line[:len(line)/2]); err != nil {
+						return err
+					}
+					time.Sleep(time.Millisecond)
+					line = line[len(line)/2:]
+				}
 				if _, err := io.WriteString(f, line); err != nil {
 					return err
 				}
@@ -249,4 +262,7 @@ func newDemoWriterCmd() *cobra.Command {
 			}
 		},
 	}
+	cmd.Flags().BoolVar(&torn, "torn", false, "write each line in two halves")
+	cmd.Flags().IntVar(&start, "start", 0, "first line number")
+	return cmd
 }
