@@ -139,6 +139,7 @@ func (e *Engine) Checkpoint(ctx context.Context, opts CheckpointOptions) (*Check
 	err = e.checkpointLocked(ctx, opts, res)
 	res.Requests = e.st.Stats().Requests() - before
 	res.Duration = time.Since(start)
+	e.recordStatus(res, err)
 	if err != nil {
 		return res, fmt.Errorf("checkpoint %s of %q: %w", dir, opts.Lineage, err)
 	}
@@ -241,6 +242,34 @@ func (e *Engine) checkpointLocked(ctx context.Context, opts CheckpointOptions, r
 		e.log.Warn("committed, but cannot save local index", "lineage", opts.Lineage, "err", err)
 	}
 	return dbErr()
+}
+
+// recordStatus keeps the outcome for `agentstate status`.
+func (e *Engine) recordStatus(res *CheckpointResult, err error) {
+	st := e.state.loadStatus(res.Lineage)
+	now := time.Now().UTC()
+	st.LastAttempt, st.LastError = now, ""
+	if err != nil {
+		st.LastError = err.Error()
+	}
+	if res.Committed {
+		st.Seq, st.LastCommit, st.BytesUploaded = res.Seq, now, res.BytesUploaded
+	}
+	if err == nil {
+		st.LastSuccess, st.Files = now, res.Files
+		if res.Seq > st.Seq {
+			st.Seq = res.Seq
+		}
+	}
+	e.state.saveStatus(st)
+}
+
+// Status returns the lineage's last checkpoint outcome on this machine.
+func (e *Engine) Status(lineage string) (Status, error) {
+	if err := manifest.ValidLineage(lineage); err != nil {
+		return Status{}, err
+	}
+	return e.state.loadStatus(lineage), nil
 }
 
 // commit writes m; a conflict with a manifest our own writer committed (we

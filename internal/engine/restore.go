@@ -91,6 +91,10 @@ func (e *Engine) Restore(ctx context.Context, opts RestoreOptions) (*RestoreResu
 	if err != nil {
 		return res, fmt.Errorf("restore %q: %w", opts.Lineage, err)
 	}
+	// Even a first start gets its directory: the harness writes into it.
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return res, fmt.Errorf("restore into %s: %w", dir, err)
+	}
 	if len(seqs) == 0 {
 		if opts.Seq != 0 {
 			return res, fmt.Errorf("restore %q: sequence %d: %w", opts.Lineage, opts.Seq, ErrNoValidManifest)
@@ -104,9 +108,6 @@ func (e *Engine) Restore(ctx context.Context, opts RestoreOptions) (*RestoreResu
 			return res, fmt.Errorf("restore %q: no sequence %d (newest is %d)", opts.Lineage, opts.Seq, newest)
 		}
 		seqs = []uint64{opts.Seq}
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return res, fmt.Errorf("restore into %s: %w", dir, err)
 	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {

@@ -305,3 +305,39 @@ func syncDir(dir string) error {
 	defer d.Close()
 	return d.Sync()
 }
+
+// Status is what an operator looks at first: the last committed checkpoint
+// of a lineage on this machine and the last error, kept in the state
+// directory so `agentstate status` costs no request.
+type Status struct {
+	Lineage       string    `json:"lineage"`
+	Seq           uint64    `json:"seq"`
+	LastCommit    time.Time `json:"last_commit,omitzero"`
+	LastAttempt   time.Time `json:"last_attempt,omitzero"`
+	LastSuccess   time.Time `json:"last_success,omitzero"`
+	Files         int       `json:"files"`
+	BytesUploaded int64     `json:"last_bytes_uploaded"`
+	LastError     string    `json:"last_error,omitempty"`
+}
+
+func (s *stateDir) loadStatus(lineage string) Status {
+	st := Status{Lineage: lineage}
+	d, err := s.lineageDir(lineage)
+	if err != nil {
+		return st
+	}
+	if b, err := os.ReadFile(filepath.Join(d, "status.json")); err == nil {
+		_ = json.Unmarshal(b, &st)
+	}
+	return st
+}
+
+func (s *stateDir) saveStatus(st Status) {
+	d, err := s.lineageDir(st.Lineage)
+	if err != nil {
+		return
+	}
+	if b, err := json.Marshal(st); err == nil {
+		_ = writeFileAtomic(filepath.Join(d, "status.json"), b)
+	}
+}
