@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -56,12 +55,6 @@ func tools(b *testing.B, storeURL string, env []string, state string) []tool {
 	endpoint := s3Srv.endpoint
 	withEnv := func(cmd *exec.Cmd, extra ...string) *exec.Cmd {
 		cmd.Env = append(append(append(os.Environ(), env...), "HOME="+state), extra...)
-		return cmd
-	}
-	// rclone's AWS SDK fails on an AWS_CA_BUNDLE (set on some machines)
-	// for a plain-HTTP endpoint; the bundle is irrelevant on loopback.
-	withoutCABundle := func(cmd *exec.Cmd) *exec.Cmd {
-		cmd.Env = slices.DeleteFunc(cmd.Env, func(kv string) bool { return strings.HasPrefix(kv, "AWS_CA_BUNDLE=") })
 		return cmd
 	}
 	as := func(args ...string) *exec.Cmd {

@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -170,4 +172,15 @@ func TestDemo(t *testing.T) {
 	if !bytes.Contains(out, []byte("no change, 0 requests")) {
 		t.Fatalf("demo: the checkpoint of the restored tree should cost no request:\n%s", out)
 	}
+}
+
+// withoutCABundle drops AWS_CA_BUNDLE (set on some machines) from a
+// command's environment: the AWS SDKs in rclone and Litestream fail to apply
+// it to a plain-HTTP loopback endpoint, where it is irrelevant anyway.
+func withoutCABundle(cmd *exec.Cmd) *exec.Cmd {
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = slices.DeleteFunc(cmd.Env, func(kv string) bool { return strings.HasPrefix(kv, "AWS_CA_BUNDLE=") })
+	return cmd
 }

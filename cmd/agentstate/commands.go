@@ -67,6 +67,7 @@ first, nothing is committed and the exit code is 3: one writer per lineage.`,
 	}
 	t.register(cmd, true)
 	cmd.Flags().BoolVar(&authoritative, "authoritative", false, "commit the local tree even if this machine never restored the lineage")
+	cmd.Flags().BoolVar(&g.rawSQLite, "legacy-raw-sqlite", false, "one-time migration: the databases were copied raw (db, -wal, -shm) by the old sync script and nothing writes them; recover a private copy of each before capturing it")
 	return cmd
 }
 

@@ -38,6 +38,10 @@ func run(ctx context.Context, args []string) int {
 	if err == nil {
 		return exitOK
 	}
+	var ew exitWith
+	if errors.As(err, &ew) {
+		return ew.code // run: the child's status, already reported
+	}
 	fmt.Fprintln(os.Stderr, "agentstate:", err)
 	return exitCode(err)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/agentstate/agentstate/adapters"
 	"github.com/agentstate/agentstate/internal/engine"
 	"github.com/agentstate/agentstate/store"
 )
@@ -53,6 +54,7 @@ type globalFlags struct {
 	s3Region    string
 	s3Anonymous bool
 	parallel    int
+	rawSQLite   bool
 }
 
 func newRootCmd() *cobra.Command {
@@ -79,7 +81,7 @@ func newRootCmd() *cobra.Command {
 	pf.IntVar(&g.parallel, "parallel", 4, "concurrent uploads and downloads")
 
 	root.AddCommand(newCheckpointCmd(g), newRestoreCmd(g), newLsCmd(g), newVerifyCmd(g),
-		newAdaptersCmd(g), newInitCmd(g), newDemoCmd(g), newDemoWriterCmd(), newProbeCmd())
+		newRunCmd(g), newStatusCmd(g), newAdaptersCmd(g), newInitCmd(g), newDemoCmd(g), newDemoWriterCmd(), newProbeCmd())
 	return root
 }
 
@@ -148,7 +150,8 @@ func (g *globalFlags) openEngine(ctx context.Context, cmd *cobra.Command) (*engi
 	if err != nil {
 		return nil, nil, err
 	}
-	e, err := engine.New(st, engine.Options{StateDir: g.stateDirPath(), Parallel: g.parallel, Logger: log})
+	e, err := engine.New(st, engine.Options{StateDir: g.stateDirPath(), Parallel: g.parallel, Logger: log,
+		Databases: adapters.Databases{RawCopies: g.rawSQLite}})
 	if err != nil {
 		return nil, nil, err
 	}
