@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"database/sql"
 	"fmt"
 	"os"
@@ -229,5 +230,46 @@ func TestSIGKILLedWALWriterDatabase(t *testing.T) {
 	dbRows(t, got)
 	if n := countUpTo(t, got, last); n != last {
 		t.Fatalf("%d of %d committed rows after the writer was killed", n, last)
+	}
+}
+
+// TestLegacyRawCopyMigration: a directory the old sync script copied raw
+// (db, -wal and -shm copied as files while the harness wrote) is accepted
+// once with --legacy-raw-sqlite: recovered from a private copy, validated,
+// checkpointed; the raw files are never modified.
+func TestLegacyRawCopyMigration(t *testing.T) {
+	storeURL, env := newBucket(t)
+	live := filepath.Join(t.TempDir(), "live.db")
+	w := startWALWriter(t, live)
+	am := t.TempDir()
+	raw := filepath.Join(am, "hermes", "state.db")
+	os.MkdirAll(filepath.Dir(raw), 0o700)
+	before := w.committed.Load()
+	for _, suf := range []string{"", "-wal", "-shm"} { // as rsync would: one file after the other
+		b, err := os.ReadFile(live + suf)
+		if err != nil && suf != "-shm" {
+			t.Fatal(err)
+		}
+		os.WriteFile(raw+suf, b, 0o600)
+	}
+	w.cmd.Process.Kill()
+	sums := map[string][]byte{}
+	for _, suf := range []string{"", "-wal", "-shm"} {
+		sums[suf], _ = os.ReadFile(raw + suf)
+	}
+	c := adapterCLI(t, storeURL, env, am)
+	var res []checkpointOut
+	c.mustJSON(&res, "checkpoint", "--adapter", "hermes", "--legacy-raw-sqlite")
+	for suf, want := range sums {
+		if got, _ := os.ReadFile(raw + suf); !bytes.Equal(got, want) {
+			t.Fatalf("the raw copy's state.db%s was modified", suf)
+		}
+	}
+	fresh := t.TempDir()
+	adapterCLI(t, storeURL, env, fresh).restoreAdapter("hermes")
+	got := filepath.Join(fresh, "hermes", "state.db")
+	dbRows(t, got)
+	if n := countUpTo(t, got, before); n != before {
+		t.Fatalf("migrated database holds %d of the %d rows committed before the copy", n, before)
 	}
 }
