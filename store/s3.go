@@ -11,6 +11,7 @@ import (
 	"iter"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -35,6 +36,16 @@ const (
 	// region. It is MinIO's default, and setting any region saves the
 	// GetBucketLocation round trip minio-go makes otherwise.
 	defaultCustomRegion = "us-east-1"
+	// Bounds on one store operation, so an unreachable store fails a
+	// checkpoint instead of hanging it: each request must connect within
+	// dialTimeout and see headers within headerTimeout; each operation,
+	// retries included, ends within opTimeout plus its body at opRate.
+	dialTimeout    = 10 * time.Second
+	headerTimeout  = 30 * time.Second
+	opTimeout      = time.Minute
+	opRate         = 1 << 20 // bytes per second, a floor no working link is below
+	clientAttempts = 5
+
 	// credentialTimeout bounds credential lookups that go over the network
 	// (instance metadata, container credentials, STS), which on a machine
 	// without them can otherwise hang until a TCP timeout.
@@ -188,6 +199,11 @@ func OpenS3(ctx context.Context, rawURL string, opts Options) (*S3, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", name, err)
 	}
+	// A store that went away must fail a checkpoint in bounded time, so the
+	// next tick (or the final checkpoint) can run: minio-go's defaults wait
+	// a minute for headers, ten times over.
+	transport.DialContext = (&net.Dialer{Timeout: dialTimeout, KeepAlive: 15 * time.Second}).DialContext
+	transport.ResponseHeaderTimeout = headerTimeout
 	newClient := func(maxRetries int) (*minio.Client, error) {
 		return minio.New(host, &minio.Options{
 			Creds:        creds,
@@ -198,7 +214,7 @@ func OpenS3(ctx context.Context, rawURL string, opts Options) (*S3, error) {
 			MaxRetries:   maxRetries,
 		})
 	}
-	client, err := newClient(0) // 0: minio-go's default (10 attempts)
+	client, err := newClient(clientAttempts)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", name, err)
 	}
@@ -366,7 +382,14 @@ func (s *S3) String() string {
 
 // Put implements Store. A conditional put is one PUT with If-None-Match: *
 // or If-Match: <etag>.
+// bounded gives one operation moving n bytes its deadline.
+func bounded(ctx context.Context, n int64) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, opTimeout+time.Duration(max(n, 0)/opRate)*time.Second)
+}
+
 func (s *S3) Put(ctx context.Context, key string, body io.ReadSeeker, size int64, opts PutOptions) (ObjectInfo, error) {
+	ctx, cancel := bounded(ctx, size)
+	defer cancel()
 	if err := CheckKey(key); err != nil {
 		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
 	}
@@ -529,6 +552,21 @@ func (s *S3) Get(ctx context.Context, key string, offset, length int64) (io.Read
 		// exists and the offset is inside it.
 		return s.emptyAt(ctx, key, offset)
 	}
+	// The deadline covers reading the body too: it ends when it is closed.
+	ctx, cancel := bounded(ctx, length)
+	rc, err := s.get(ctx, key, offset, length)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return readCloser{Reader: rc, Closer: closeFunc(func() error { err := rc.Close(); cancel(); return err })}, nil
+}
+
+type closeFunc func() error
+
+func (f closeFunc) Close() error { return f() }
+
+func (s *S3) get(ctx context.Context, key string, offset, length int64) (io.ReadCloser, error) {
 	var o minio.GetObjectOptions
 	ranged := offset > 0 || length > 0
 	if ranged {
@@ -587,6 +625,8 @@ func (s *S3) Stat(ctx context.Context, key string) (ObjectInfo, error) {
 	if err := CheckKey(key); err != nil {
 		return ObjectInfo{}, fmt.Errorf("stat %s: %w", key, err)
 	}
+	ctx, cancel := bounded(ctx, 0)
+	defer cancel()
 	oi, err := s.client.StatObject(ctx, s.bucket, s.prefix+key, minio.StatObjectOptions{})
 	if err != nil {
 		return ObjectInfo{}, s.wrap("stat", key, err)
