@@ -81,7 +81,7 @@ func newRootCmd() *cobra.Command {
 	pf.IntVar(&g.parallel, "parallel", 4, "concurrent uploads and downloads")
 
 	root.AddCommand(newCheckpointCmd(g), newRestoreCmd(g), newLsCmd(g), newVerifyCmd(g),
-		newRunCmd(g), newStatusCmd(g), newAdaptersCmd(g), newInitCmd(g), newDemoCmd(g), newDemoWriterCmd(), newProbeCmd())
+		newRunCmd(g), newStatusCmd(g), newAdaptersCmd(g), newInitCmd(g), newGCCmd(g), newForgetCmd(g), newDemoCmd(g), newDemoWriterCmd(), newProbeCmd())
 	return root
 }
 
@@ -132,8 +132,9 @@ func (g *globalFlags) logger(w io.Writer) (*slog.Logger, error) {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl})), nil
 }
 
-// openEngine opens the store and the engine the command works on.
-func (g *globalFlags) openEngine(ctx context.Context, cmd *cobra.Command) (*engine.Engine, store.Store, error) {
+// openStore opens the store the command works on, with S3 settings from
+// the flags over the standard variables.
+func (g *globalFlags) openStore(ctx context.Context, cmd *cobra.Command) (store.Store, *slog.Logger, error) {
 	log, err := g.logger(cmd.ErrOrStderr())
 	if err != nil {
 		return nil, nil, err
@@ -146,7 +147,17 @@ func (g *globalFlags) openEngine(ctx context.Context, cmd *cobra.Command) (*engi
 		opts.Region = g.s3Region
 	}
 	opts.AllowAnonymous = g.s3Anonymous
+	opts.Logger = log
 	st, err := store.Open(ctx, g.storeURL(), opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, log, nil
+}
+
+// openEngine opens the store and the engine the command works on.
+func (g *globalFlags) openEngine(ctx context.Context, cmd *cobra.Command) (*engine.Engine, store.Store, error) {
+	st, log, err := g.openStore(ctx, cmd)
 	if err != nil {
 		return nil, nil, err
 	}
