@@ -123,22 +123,27 @@ func (u *Uploader) put(ctx context.Context, seg ID, data []byte) error {
 	if s, ok := u.st.(fmt.Stringer); ok {
 		where = s.String()
 	}
+	opts := store.PutOptions{CreateOnly: true}
+	existed := false
 	for attempt := 1; ; attempt++ {
 		u.puts.Add(1)
-		_, err := u.st.Put(ctx, key, bytes.NewReader(data), size, store.PutOptions{CreateOnly: true})
+		_, err := u.st.Put(ctx, key, bytes.NewReader(data), size, opts)
+		if errors.Is(err, store.ErrPrecondition) && opts.CreateOnly {
+			// The key exists, and a content-addressed key holds exactly
+			// these bytes (a single PUT is atomic). But it may be a dead
+			// segment that GC has already marked, aged past the grace
+			// period: write the same bytes again, unconditionally, so its
+			// LastModified is fresh and the grace period protects it until
+			// the manifest that needs it is committed.
+			existed, opts = true, store.PutOptions{}
+			u.existing.Add(1)
+			attempt--
+			continue
+		}
 		switch {
-		case err == nil, errors.Is(err, store.ErrPrecondition):
-			// A precondition failure on a create-only put means the key
-			// exists, and a content-addressed key holds exactly these bytes
-			// (a single PUT is atomic, so never a partial object): perhaps
-			// another checkpoint's, perhaps our own earlier attempt whose
-			// response was lost. Either way the segment is stored.
-			existed := err != nil
+		case err == nil:
 			u.segments.Add(1)
 			u.bytes.Add(size)
-			if existed {
-				u.existing.Add(1)
-			}
 			u.log.Debug("segment stored", "segment", seg, "bytes", size, "attempts", attempt, "existed", existed)
 			return nil
 		case ctx.Err() != nil:

@@ -206,8 +206,10 @@ func TestUploaderRetry(t *testing.T) {
 		{name: "two transient failures", failures: 2, wantPuts: 3},
 		{name: "succeeds on the last attempt", failures: uploadAttempts - 1, wantPuts: uploadAttempts},
 		{name: "always failing", failures: 100, wantErr: true, wantPuts: uploadAttempts},
-		{name: "already stored", preexisting: true, wantPuts: 1, wantExisting: 1},
-		{name: "lost response, then 412", failures: 1, landAnyway: true, wantPuts: 2, wantExisting: 1},
+		// A 412 is followed by one unconditional PUT of the same bytes, which
+		// refreshes LastModified so GC's grace period covers the segment.
+		{name: "already stored", preexisting: true, wantPuts: 2, wantExisting: 1},
+		{name: "lost response, then 412", failures: 1, landAnyway: true, wantPuts: 3, wantExisting: 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -417,5 +419,31 @@ func TestUploaderPutOptions(t *testing.T) {
 	}
 	if len(got) != 1 || !got[0].CreateOnly || got[0].IfMatch != "" {
 		t.Fatalf("put options %+v, want create-only", got)
+	}
+}
+
+// TestUploaderRefreshesExistingSegment: after a 412 the same bytes are
+// written once more without a condition, so the object's LastModified is
+// fresh: a dead segment GC marked long ago is then inside the grace period
+// again until the manifest that needs it is committed.
+func TestUploaderRefreshesExistingSegment(t *testing.T) {
+	var calls []store.PutOptions
+	st := putterFunc(func(_ context.Context, _ string, opts store.PutOptions) error {
+		calls = append(calls, opts)
+		if opts.CreateOnly {
+			return store.ErrPrecondition
+		}
+		return nil
+	})
+	up := NewUploader(st, 1, nil)
+	seg, data := Sum([]byte("x")), []byte("x")
+	if err := up.Upload(context.Background(), seg, data); err != nil {
+		t.Fatal(err)
+	}
+	if err := up.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if len(calls) != 2 || !calls[0].CreateOnly || calls[1] != (store.PutOptions{}) {
+		t.Fatalf("puts %+v: want create-only, then one unconditional put", calls)
 	}
 }
