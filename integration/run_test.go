@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -171,5 +174,48 @@ func TestHandCheckpointWaitsForTimerCheckpoint(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "committed by this writer before a crash") {
 		t.Fatalf("two checkpoints overlapped:\n%s", logs)
+	}
+}
+
+// TestRunMetricsAndStatus: --metrics-addr serves Prometheus metrics that
+// say a checkpoint succeeded, and `agentstate status` shows it.
+func TestRunMetricsAndStatus(t *testing.T) {
+	storeURL, env := newBucket(t)
+	dir := t.TempDir()
+	c := newCLI(t, storeURL, env)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cmd, logs := c.runCmd(dir, []string{"--checkpoint-interval", "200ms", "--metrics-addr", addr},
+		agentstateBin(t), "demo-writer", filepath.Join(dir, "rollout.jsonl"))
+	startOrFail(t, cmd)
+	defer func() { cmd.Process.Signal(syscall.SIGTERM); waitTimeout(cmd, time.Minute) }()
+	var body string
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if resp, err := http.Get("http://" + addr + "/metrics"); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			body = string(b)
+			if strings.Contains(body, `agentstate_adapter_last_success_timestamp_seconds{adapter="app"}`) &&
+				!strings.Contains(body, "agentstate_checkpoints_total 0") {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics never showed a successful checkpoint:\n%s\n%s", body, logs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var st []struct {
+		Lineage   string `json:"lineage"`
+		Seq       uint64 `json:"seq"`
+		LastError string `json:"last_error"`
+	}
+	c.mustJSON(&st, "status", "--lineage", "app")
+	if len(st) != 1 || st[0].Seq == 0 || st[0].LastError != "" {
+		t.Fatalf("status %+v", st)
 	}
 }
