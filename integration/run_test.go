@@ -19,12 +19,12 @@ import (
 
 // runCmd starts `agentstate run` on one plain lineage with the given
 // child, as a container entrypoint would.
-func (c *cli) runCmd(dir string, flags []string, child ...string) (*exec.Cmd, *bytes.Buffer) {
+func (c *cli) runCmd(dir string, flags []string, child ...string) (*exec.Cmd, *syncBuffer) {
 	args := append([]string{"run", "--lineage", "app", "--dir", dir}, flags...)
 	cmd := c.command(context.Background(), append(append(args, "--"), child...)...)
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	return cmd, &logs
+	logs := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	return cmd, logs
 }
 
 func exitStatus(err error) int {

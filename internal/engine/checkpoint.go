@@ -534,11 +534,21 @@ func (r *checkpointRun) ship(c *node, ch chunker, p *segments.Packer, what strin
 	}
 }
 
-func (r *checkpointRun) countChange(c *node, st fileState) {
+// settle finishes a file that was read: content that turns out identical
+// to what is stored keeps the stored references and chunk list exactly, so
+// re-reading a file (racy, or after an index rebuild) never re-encodes its
+// metadata into new blobs; otherwise the change is counted.
+func (r *checkpointRun) settle(c *node, st fileState) {
+	c.state = st
 	old, had := r.ix.Files[c.rel]
-	if !had || !sameIDs(old.Content, blobIDs(c.content)) || old.Mode != st.Mode || old.MTime != st.MTime {
-		r.res.FilesChanged++
+	if had && old.Format == st.Format && sameIDs(old.Content, blobIDs(c.content)) {
+		r.reuse(c, old)
+		c.state.Content = old.Content
+		if old.Mode == st.Mode && old.MTime == st.MTime {
+			return
+		}
 	}
+	r.res.FilesChanged++
 }
 
 func (r *checkpointRun) file(c *node, path string, fi os.FileInfo) error {
@@ -556,8 +566,7 @@ func (r *checkpointRun) file(c *node, path string, fi os.FileInfo) error {
 	if err := r.ship(c, segments.NewChunker(f, r.params), r.data, path); err != nil {
 		return err
 	}
-	c.state = st
-	r.countChange(c, st)
+	r.settle(c, st)
 	return nil
 }
 
@@ -612,8 +621,7 @@ func (r *checkpointRun) transcript(c *node, path string, fi os.FileInfo) error {
 	if st.TailHash, err = tailHash(f, c.size); err != nil {
 		return fmt.Errorf("read %s: %w", path, err)
 	}
-	c.state = st
-	r.countChange(c, st)
+	r.settle(c, st)
 	return nil
 }
 
@@ -693,8 +701,7 @@ func (r *checkpointRun) database(c *node, path string, fi os.FileInfo) error {
 		return err
 	}
 	st.Shipped = c.size
-	c.state = st
-	r.countChange(c, st)
+	r.settle(c, st)
 	return nil
 }
 

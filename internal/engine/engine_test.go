@@ -348,3 +348,22 @@ func TestSpecialFilesAreSkipped(t *testing.T) {
 		t.Fatalf("checkpoint %+v: want fifo and socket skipped, keep.txt stored", res)
 	}
 }
+
+// TestRacyRereadUploadsNothing: a file read again because it changed too
+// recently for its stat to prove anything must not re-encode its stored
+// chunk list (a paged one included) into new blobs when its content is the
+// same: an unchanged tree writes no object.
+func TestRacyRereadUploadsNothing(t *testing.T) {
+	f := newFixture(t)
+	src := filepath.Join(f.root, "src")
+	testutil.GenTree(t, src, testutil.TreeSpec{Seed: 21, SmallFiles: 30, LargeFile: 48 << 20})
+	f.checkpoint(f.e, src)
+	before := f.keys()
+	res := f.checkpoint(f.e, src) // within the racy window: files are read again
+	if res.FilesRead == 0 {
+		t.Fatal("the files were not re-read: the test proves nothing")
+	}
+	if res.Committed || res.BytesUploaded != 0 || len(f.keys()) != len(before) {
+		t.Fatalf("re-reading unchanged files uploaded: %+v", res)
+	}
+}
