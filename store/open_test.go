@@ -1,13 +1,22 @@
 package store_test
 
 import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/agentstate/agentstate/store"
 )
@@ -220,5 +229,32 @@ func TestOpenCredentials(t *testing.T) {
 				t.Errorf("error leaks the secret: %v", err)
 			}
 		})
+	}
+}
+
+func TestS3CABundle(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.pem")
+	os.WriteFile(bad, []byte("not a certificate"), 0o600)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := filepath.Join(dir, "ca.pem")
+	os.WriteFile(good, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	opts := store.Options{Endpoint: "https://127.0.0.1:1", Region: "us-east-1", AccessKeyID: "a", SecretAccessKey: "b", DisableIMDS: true}
+	opts.CABundle = bad
+	if _, err := store.OpenS3(context.Background(), "s3://bucket", opts); err == nil || !strings.Contains(err.Error(), "AWS_CA_BUNDLE") {
+		t.Fatalf("a bundle without certificates: %v", err)
+	}
+	opts.CABundle = good
+	if _, err := store.OpenS3(context.Background(), "s3://bucket", opts); err != nil {
+		t.Fatalf("a valid bundle: %v", err)
+	}
+	if o := store.OptionsFromEnv(func(k string) string { return map[string]string{"AWS_CA_BUNDLE": good}[k] }); o.CABundle != good {
+		t.Fatal("AWS_CA_BUNDLE is not read")
 	}
 }
