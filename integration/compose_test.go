@@ -2,7 +2,6 @@ package integration
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,44 +41,10 @@ func requireDocker(t *testing.T) []string {
 // scripts/build-images, no registry) and checkpoints into its MinIO through
 // the bucket its one-shot service created, as the README shows.
 func TestComposeStack(t *testing.T) {
-	compose := requireDocker(t)
-	root, _ := filepath.Abs("..")
-	build := exec.Command(filepath.Join(root, "scripts", "build-images"))
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("scripts/build-images: %v\n%s", err, out)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	project := fmt.Sprintf("astest%d", time.Now().UnixNano()%1e9)
-	env := append(os.Environ(), fmt.Sprintf("MINIO_PORT=%d", port))
-	dc := func(args ...string) *exec.Cmd {
-		cmd := exec.Command(compose[0], append(append(compose[1:], "-f", filepath.Join(root, "docker-compose.yml"), "-p", project), args...)...)
-		cmd.Env = env
-		return cmd
-	}
-	t.Cleanup(func() { _ = dc("down", "-v", "--remove-orphans").Run() })
-	if out, err := dc("up", "-d").CombinedOutput(); err != nil {
-		t.Fatalf("compose up: %v\n%s", err, out)
-	}
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		out, _ := dc("ps").CombinedOutput()
-		if strings.Contains(string(out), "create-bucket") && strings.Contains(string(out), "Exit 0") ||
-			strings.Contains(string(out), "exited (0)") {
-			break
-		}
-		if time.Now().After(deadline) {
-			logs, _ := dc("logs").CombinedOutput()
-			t.Fatalf("create-bucket did not finish:\n%s\n%s", out, logs)
-		}
-		time.Sleep(time.Second)
-	}
+	s := upStack(t)
+	s.must("up", "-d") // the whole stack: the agent and the GC service too
 	s3env := []string{
-		fmt.Sprintf("AWS_ENDPOINT_URL_S3=http://127.0.0.1:%d", port), "AWS_REGION=us-east-1",
+		fmt.Sprintf("AWS_ENDPOINT_URL_S3=http://127.0.0.1:%d", s.port), "AWS_REGION=us-east-1",
 		"AWS_ACCESS_KEY_ID=agentstate", "AWS_SECRET_ACCESS_KEY=agentstate-dev-secret",
 		"AWS_EC2_METADATA_DISABLED=true",
 	}
@@ -94,5 +59,18 @@ func TestComposeStack(t *testing.T) {
 	newCLI(t, "s3://agentstate", s3env).restore("claude", dst)
 	if b, err := os.ReadFile(filepath.Join(dst, "settings.json")); err != nil || string(b) != `{"theme":"dark"}` {
 		t.Fatalf("restored from the compose MinIO: %q, %v", b, err)
+	}
+	// The GC service runs its loop against the same bucket.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		out, _ := s.cmd("logs", "gc").CombinedOutput()
+		running := strings.TrimSpace(s.must("ps", "-q", "--filter", "status=running", "gc"))
+		if running != "" && strings.Contains(string(out), "manifests") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the GC service is not running a GC loop (running %q):\n%s", running, out)
+		}
+		time.Sleep(time.Second)
 	}
 }
