@@ -84,9 +84,14 @@ func describeCheckpoint(r *engine.CheckpointResult) string {
 	if !r.Committed {
 		head = fmt.Sprintf("lineage %s: no change since seq %d, nothing committed", r.Lineage, r.Seq)
 	}
-	return fmt.Sprintf("%s\n  files %d, read %d, changed %d\n  uploaded %d blobs in %d segments, %s\n  requests %d, took %s",
+	compacted := ""
+	if r.SegmentsCompacted > 0 {
+		compacted = fmt.Sprintf("\n  compacted %d small or mostly dead segments (%s of live blobs copied)",
+			r.SegmentsCompacted, humanBytes(r.BytesCompacted))
+	}
+	return fmt.Sprintf("%s\n  files %d, read %d, changed %d\n  uploaded %d blobs in %d segments, %s%s\n  requests %d, took %s",
 		head, r.Files, r.FilesRead, r.FilesChanged, r.BlobsUploaded, r.SegmentsUploaded,
-		humanBytes(r.BytesUploaded), r.Requests, r.Duration.Round(time.Millisecond))
+		humanBytes(r.BytesUploaded), compacted, r.Requests, r.Duration.Round(time.Millisecond))
 }
 
 func newRestoreCmd(g *globalFlags) *cobra.Command {

@@ -45,14 +45,18 @@ type CheckpointResult struct {
 	Files     int    `json:"files"`
 	// FilesRead were read because their stat changed; FilesChanged are the
 	// paths whose content or metadata differs from the previous checkpoint.
-	FilesRead        int           `json:"files_read"`
-	FilesChanged     int           `json:"files_changed"`
-	BlobsUploaded    int           `json:"blobs_uploaded"`
-	SegmentsUploaded int           `json:"segments_uploaded"`
-	BytesUploaded    int64         `json:"bytes_uploaded"`
-	Requests         int64         `json:"requests"`
-	Duration         time.Duration `json:"duration_ns"`
-	Skipped          []string      `json:"skipped,omitempty"`
+	FilesRead        int   `json:"files_read"`
+	FilesChanged     int   `json:"files_changed"`
+	BlobsUploaded    int   `json:"blobs_uploaded"`
+	SegmentsUploaded int   `json:"segments_uploaded"`
+	BytesUploaded    int64 `json:"bytes_uploaded"`
+	// SegmentsCompacted were retired by compaction this time (their live
+	// blobs, BytesCompacted of records, were copied into new segments).
+	SegmentsCompacted int           `json:"segments_compacted,omitempty"`
+	BytesCompacted    int64         `json:"bytes_compacted,omitempty"`
+	Requests          int64         `json:"requests"`
+	Duration          time.Duration `json:"duration_ns"`
+	Skipped           []string      `json:"skipped,omitempty"`
 	// DatabaseErrors names databases that could not be captured; each kept
 	// its previous checkpointed copy.
 	DatabaseErrors []string `json:"database_errors,omitempty"`
@@ -173,7 +177,7 @@ func (e *Engine) checkpointLocked(ctx context.Context, opts CheckpointOptions, r
 	if opts.SQLite != nil && e.dbs == nil {
 		return errors.New("checkpoint: databases are configured but the engine has no SQLite support")
 	}
-	r := &checkpointRun{e: e, ctx: ctx, opts: opts, ix: ix, known: ix.known(),
+	r := &checkpointRun{e: e, ctx: ctx, opts: opts, ix: ix,
 		pending: map[segments.ID]*segments.Pending{}, params: e.chunkParams(cfg),
 		started: time.Now(), res: res}
 	r.up = segments.NewUploader(e.st, e.par, e.log)
@@ -182,7 +186,11 @@ func (e *Engine) checkpointLocked(ctx context.Context, opts CheckpointOptions, r
 	r.lines = segments.NewPacker(r.up, segments.KindLines, cfg.SegmentSize)
 
 	root := &node{typ: manifest.TypeDir}
-	scanErr := r.scanDir(root, opts.Dir)
+	scanErr := r.compact(cfg.SegmentSize)
+	r.known = ix.known() // after compaction moved blobs
+	if scanErr == nil {
+		scanErr = r.scanDir(root, opts.Dir)
+	}
 	if scanErr == nil {
 		// Data references must be final before trees that hold them encode.
 		r.data.Flush(ctx)

@@ -1,0 +1,187 @@
+package engine
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+
+	"github.com/agentstate/agentstate/manifest"
+	"github.com/agentstate/agentstate/segments"
+)
+
+// Compaction keeps what a restore costs bounded as a lineage ages. Every
+// checkpoint that changes something seals small segments (a few appended
+// transcript lines, a changed page, the trees above them), and as files
+// change, older segments hold fewer live blobs. Left alone, the newest
+// manifest would list a segment per change and a restore would make a
+// request per segment.
+//
+// The writer compacts, at the start of a checkpoint, because it is the one
+// process allowed to commit to its lineage: a GC committing into a live
+// lineage would race the writer's next sequence number. A segment is a
+// candidate when its live bytes (what the tree still references) are under
+// half the segment size: that covers both a small segment and a big one
+// that is mostly dead. When there are compactMinSegments candidates, their
+// live data blobs are copied (verified, by blob id) into fresh segments, and
+// every tree and chunk list is encoded again so it points at the copies; the
+// checkpoint then commits as usual, and the old segments die through GC's
+// mark and sweep once no retained manifest lists them.
+//
+// Bound: every segment that is not a candidate is at least half live, so
+// the newest manifest lists at most 2 * live bytes / segment size segments,
+// plus fewer than compactMinSegments candidates, plus what one checkpoint
+// adds.
+const (
+	compactMinSegments = 16
+	// compactMaxFactor bounds one compaction to this many segment sizes of
+	// live bytes copied; the smallest candidates go first, so the count
+	// still drops while an old, big backlog is worked off over checkpoints.
+	compactMaxFactor = 4
+)
+
+// segUse is what the index references in one segment.
+type segUse struct {
+	kind  segments.Kind
+	live  int64
+	blobs map[segments.ID]segments.Ref
+}
+
+// segmentUse groups every blob the index references by segment.
+func (ix *index) segmentUse() map[segments.ID]*segUse {
+	use := map[segments.ID]*segUse{}
+	add := func(r segments.Ref, kind segments.Kind) {
+		u := use[r.Segment]
+		if u == nil {
+			u = &segUse{kind: kind, blobs: map[segments.ID]segments.Ref{}}
+			use[r.Segment] = u
+		}
+		if _, ok := u.blobs[r.Blob]; !ok {
+			u.blobs[r.Blob] = r
+			u.live += r.Length
+		}
+	}
+	for _, f := range ix.Files {
+		kind := segments.KindData
+		if f.Format == manifest.FormatLines {
+			kind = segments.KindLines
+		}
+		for _, r := range f.Content {
+			add(r, kind)
+		}
+		if f.Chunks != nil {
+			add(*f.Chunks, segments.KindTree)
+		}
+		for _, p := range f.Pages {
+			add(p, segments.KindTree)
+		}
+	}
+	for _, d := range ix.Dirs {
+		add(d.Tree, segments.KindTree)
+	}
+	return use
+}
+
+// compact copies the live blobs of the index's candidate segments into
+// fresh ones and points the index at the copies; see the comment above.
+// It does nothing (and no request) unless enough candidates accumulated.
+// A candidate that cannot be read intact is not copied: the files that
+// reference it are dropped from the index, so this checkpoint reads them
+// again and uploads them anew from the local tree.
+func (r *checkpointRun) compact(segSize int64) error {
+	ix := r.ix
+	if ix.Seq == 0 || ix.Base != ix.Seq {
+		return nil
+	}
+	use := ix.segmentUse()
+	var cands []segments.ID
+	for seg, u := range use {
+		if u.live < segSize/2 {
+			cands = append(cands, seg)
+		}
+	}
+	if len(cands) < compactMinSegments {
+		return nil
+	}
+	slices.SortFunc(cands, func(a, b segments.ID) int {
+		return cmp.Or(cmp.Compare(use[a].live, use[b].live), cmp.Compare(a.String(), b.String()))
+	})
+	budget := compactMaxFactor * segSize
+	retired := map[segments.ID]bool{}
+	moved := map[segments.ID]*segments.Pending{}
+	broken := map[segments.ID]bool{}
+	var copied int64
+	for _, seg := range cands {
+		u := use[seg]
+		if u.kind != segments.KindTree && copied > 0 && copied+u.live > budget {
+			continue
+		}
+		retired[seg] = true
+		if u.kind == segments.KindTree {
+			continue // trees and chunk lists are encoded again below
+		}
+		p := r.data
+		if u.kind == segments.KindLines {
+			p = r.lines
+		}
+		refs := make([]segments.Ref, 0, len(u.blobs))
+		for _, ref := range u.blobs {
+			refs = append(refs, ref)
+		}
+		err := r.e.codec.ReadBlobs(r.ctx, r.e.st, seg, refs, func(ref segments.Ref, plain []byte) error {
+			_, rec := r.e.codec.Encode(plain)
+			moved[ref.Blob] = p.Add(r.ctx, ref.Blob, rec, ref.Size)
+			return nil
+		})
+		if err != nil {
+			if r.ctx.Err() != nil || !isCandidateError(err) {
+				return fmt.Errorf("compact segment %s: %w", seg, err)
+			}
+			r.e.log.Warn("segment unreadable while compacting; its files are read and uploaded again",
+				"lineage", r.opts.Lineage, "segment", seg, "err", err)
+			broken[seg] = true
+			for id := range u.blobs {
+				delete(moved, id)
+			}
+			continue
+		}
+		copied += u.live
+	}
+	// Seal the copies now: the index takes their final references, and
+	// what this checkpoint adds goes into segments of its own.
+	r.data.Flush(r.ctx)
+	r.lines.Flush(r.ctx)
+
+	for rel, f := range ix.Files {
+		drop, changed := false, false
+		for i, ref := range f.Content {
+			if broken[ref.Segment] {
+				drop = true
+				break
+			}
+			if pd, ok := moved[ref.Blob]; ok && retired[ref.Segment] {
+				f.Content[i], _ = pd.Ref()
+				changed = true
+			}
+		}
+		if drop {
+			delete(ix.Files, rel)
+			continue
+		}
+		inRetired := f.Chunks != nil && retired[f.Chunks.Segment]
+		for _, p := range f.Pages {
+			inRetired = inRetired || retired[p.Segment]
+		}
+		if changed || inRetired {
+			f.Chunks, f.Pages = nil, nil
+		}
+		ix.Files[rel] = f
+	}
+	// Every tree is encoded again: a tree holds its children's references,
+	// so one moved blob changes every tree above it.
+	ix.Dirs = map[string]dirState{}
+	r.res.SegmentsCompacted = len(retired)
+	r.res.BytesCompacted = copied
+	r.e.log.Info("compacting segments", "lineage", r.opts.Lineage,
+		"segments", len(retired), "bytes_copied", copied, "candidates", len(cands))
+	return nil
+}
