@@ -72,7 +72,8 @@ type Entry struct {
 	Target string `json:"target,omitempty"`
 	// Deleted, when non-zero, is when the entry left the live tree (Unix
 	// nanoseconds): a deletion tombstone kept for the retention window.
-	// Restore skips such entries unless asked.
+	// Restore skips such entries unless asked. A deleted directory's tree
+	// lists what it held, every entry of it deleted too.
 	Deleted int64 `json:"deleted,omitempty"`
 }
 

@@ -34,7 +34,14 @@ type CheckpointOptions struct {
 	// Authoritative lets a checkpoint commit a tree this machine never
 	// restored, for a lineage that already has checkpoints.
 	Authoritative bool
+	// KeepDeleted is how long a path deleted from the tree stays in the
+	// checkpoints as a deletion tombstone, restorable (default
+	// DefaultKeepDeleted; negative keeps none).
+	KeepDeleted time.Duration
 }
+
+// DefaultKeepDeleted is how long deleted paths stay restorable.
+const DefaultKeepDeleted = 7 * 24 * time.Hour
 
 // CheckpointResult is what one checkpoint did and cost.
 type CheckpointResult struct {
@@ -57,6 +64,9 @@ type CheckpointResult struct {
 	Requests          int64         `json:"requests"`
 	Duration          time.Duration `json:"duration_ns"`
 	Skipped           []string      `json:"skipped,omitempty"`
+	// Tombstones is how many deleted paths the committed tree keeps
+	// restorable.
+	Tombstones int `json:"tombstones,omitempty"`
 	// DatabaseErrors names databases that could not be captured; each kept
 	// its previous checkpointed copy.
 	DatabaseErrors []string `json:"database_errors,omitempty"`
@@ -96,6 +106,11 @@ type node struct {
 	state    fileState
 	tree     lazyRef
 	key      segments.ID // location-free, see manifest.TreeKey
+	// deleted is the deletion time of a tombstone (Unix ns); ghost marks a
+	// directory made only to hold tombstones, deleted when its newest
+	// tombstone was.
+	deleted int64
+	ghost   bool
 }
 
 type checkpointRun struct {
@@ -192,6 +207,9 @@ func (e *Engine) checkpointLocked(ctx context.Context, opts CheckpointOptions, r
 		scanErr = r.scanDir(root, opts.Dir)
 	}
 	if scanErr == nil {
+		r.tombstones(root)
+	}
+	if scanErr == nil {
 		// Data references must be final before trees that hold them encode.
 		r.data.Flush(ctx)
 		r.lines.Flush(ctx)
@@ -214,8 +232,8 @@ func (e *Engine) checkpointLocked(ctx context.Context, opts CheckpointOptions, r
 	files, dirs, segs, totals := r.collect(root)
 	rootRef := root.tree.get()
 	res.Files = int(totals.Files)
-	for rel := range ix.Files {
-		if _, ok := files[rel]; !ok {
+	for rel, old := range ix.Files {
+		if now, ok := files[rel]; old.Deleted == 0 && (!ok || now.Deleted != 0) {
 			res.FilesChanged++ // deleted
 		}
 	}
@@ -346,16 +364,13 @@ func (e *Engine) rebuildIndex(ctx context.Context, lineage, dir string) (*index,
 func (e *Engine) fillIndex(ctx context.Context, ix *index, m *manifest.Manifest) error {
 	ix.Base, ix.Root = m.Seq, m.Root
 	return e.walk(ctx, m.Root, func(rel string, en *manifest.Entry) error {
-		if en.Deleted != 0 {
-			return nil
-		}
 		switch en.Type {
 		case manifest.TypeFile, manifest.TypeSymlink:
 			content := make([]segments.Ref, len(en.Content))
 			copy(content, en.Content)
 			ix.Files[rel] = fileState{Type: en.Type, Mode: en.Mode, Size: en.Size, Target: en.Target,
 				Content: content, Chunks: en.Chunks, Pages: en.Pages, Format: en.Format,
-				Shipped: en.Size, Racy: true}
+				Shipped: en.Size, Racy: true, Deleted: en.Deleted}
 		}
 		return nil
 	}, func(rel string, ref segments.Ref, key segments.ID) {
@@ -416,7 +431,7 @@ func (r *checkpointRun) scanDir(n *node, abs string) error {
 			}
 			c.typ, c.target = manifest.TypeSymlink, target
 			c.state = fileState{Type: c.typ, Mode: c.mode, MTime: c.mtime, Target: target}
-			if old, ok := r.ix.Files[rel]; !ok || old.Type != c.typ || old.Target != target || old.Mode != c.mode {
+			if old, ok := r.prev(rel); !ok || old.Type != c.typ || old.Target != target || old.Mode != c.mode {
 				r.res.FilesChanged++
 			}
 		case fi.Mode().IsRegular():
@@ -491,7 +506,7 @@ func (r *checkpointRun) statState(c *node, fi os.FileInfo) fileState {
 // unchanged reuses the index's content for a file whose stat proves it
 // has not changed since it was last read.
 func (r *checkpointRun) unchanged(c *node, st fileState) bool {
-	old, had := r.ix.Files[c.rel]
+	old, had := r.prev(c.rel)
 	if !had || old.Racy || old.Type != st.Type || old.Size != st.Size || old.MTime != st.MTime ||
 		old.CTime != st.CTime || old.Ino != st.Ino || old.Dev != st.Dev || old.Mode != st.Mode ||
 		old.Format != st.Format || old.Stamp != st.Stamp {
@@ -548,7 +563,7 @@ func (r *checkpointRun) ship(c *node, ch chunker, p *segments.Packer, what strin
 // metadata into new blobs; otherwise the change is counted.
 func (r *checkpointRun) settle(c *node, st fileState) {
 	c.state = st
-	old, had := r.ix.Files[c.rel]
+	old, had := r.prev(c.rel)
 	if had && old.Format == st.Format && sameIDs(old.Content, blobIDs(c.content)) {
 		r.reuse(c, old)
 		c.state.Content = old.Content
@@ -601,7 +616,7 @@ func (r *checkpointRun) transcript(c *node, path string, fi os.FileInfo) error {
 	}
 	defer f.Close()
 	size := fi.Size()
-	old, had := r.ix.Files[c.rel]
+	old, had := r.prev(c.rel)
 	start := int64(0)
 	if had && old.Format == manifest.FormatLines && old.Ino == st.Ino && old.Dev == st.Dev &&
 		old.Shipped > 0 && size >= old.Shipped {
@@ -718,7 +733,7 @@ func (r *checkpointRun) database(c *node, path string, fi os.FileInfo) error {
 func (r *checkpointRun) dbFailed(c *node, err error) error {
 	r.e.log.Error("database not captured; keeping its previous checkpoint", "path", c.rel, "err", err)
 	r.res.DatabaseErrors = append(r.res.DatabaseErrors, err.Error())
-	old, had := r.ix.Files[c.rel]
+	old, had := r.prev(c.rel)
 	if !had || old.Format != manifest.FormatSQLite {
 		return errSkipEntry
 	}
@@ -771,6 +786,9 @@ func (r *checkpointRun) buildTree(n *node) {
 		if c.typ == manifest.TypeDir {
 			r.buildTree(c)
 		}
+		if n.ghost {
+			n.deleted = max(n.deleted, c.deleted)
+		}
 	}
 	// Chunk lists are packed before any child reference is taken (the
 	// same-segment rule above holds for them too).
@@ -781,7 +799,7 @@ func (r *checkpointRun) buildTree(n *node) {
 	}
 	full := manifest.Tree{Entries: make([]manifest.Entry, 0, len(n.children))}
 	for _, c := range n.children {
-		en := manifest.Entry{Name: c.name, Type: c.typ, Mode: c.mode, MTime: c.mtime}
+		en := manifest.Entry{Name: c.name, Type: c.typ, Mode: c.mode, MTime: c.mtime, Deleted: c.deleted}
 		switch c.typ {
 		case manifest.TypeFile:
 			en.Size, en.Format = c.size, c.format
@@ -924,16 +942,23 @@ func (r *checkpointRun) collect(root *node) (map[string]fileState, map[string]di
 		dirs[n.rel] = dirState{Tree: tr, Key: n.key}
 		segSet[tr.Segment] = struct{}{}
 		for _, c := range n.children {
+			live := int64(1)
+			if c.deleted != 0 {
+				live = 0 // a tombstone: kept, not counted
+				if c.typ != manifest.TypeDir {
+					r.res.Tombstones++
+				}
+			}
 			switch c.typ {
 			case manifest.TypeDir:
-				tot.Dirs++
+				tot.Dirs += live
 				rec(c)
 			case manifest.TypeSymlink:
-				tot.Symlinks++
+				tot.Symlinks += live
 				files[c.rel] = c.state
 			case manifest.TypeFile:
-				tot.Files++
-				tot.Bytes += c.size
+				tot.Files += live
+				tot.Bytes += live * c.size
 				st := c.state
 				st.Content = make([]segments.Ref, len(c.content))
 				for i, l := range c.content {

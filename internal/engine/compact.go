@@ -21,7 +21,8 @@ import (
 // lineage would race the writer's next sequence number. A segment is a
 // candidate when its live bytes (what the tree still references) are under
 // half the segment size: that covers both a small segment and a big one
-// that is mostly dead. When there are compactMinSegments candidates, their
+// that is mostly dead. When there are compactMinSegments candidates (by
+// default; Options.CompactAt), their
 // live data blobs are copied (verified, by blob id) into fresh segments, and
 // every tree and chunk list is encoded again so it points at the copies; the
 // checkpoint then commits as usual, and the old segments die through GC's
@@ -89,7 +90,7 @@ func (ix *index) segmentUse() map[segments.ID]*segUse {
 // again and uploads them anew from the local tree.
 func (r *checkpointRun) compact(segSize int64) error {
 	ix := r.ix
-	if ix.Seq == 0 || ix.Base != ix.Seq {
+	if ix.Seq == 0 || ix.Base != ix.Seq || r.e.compactAt < 0 {
 		return nil
 	}
 	use := ix.segmentUse()
@@ -99,7 +100,7 @@ func (r *checkpointRun) compact(segSize int64) error {
 			cands = append(cands, seg)
 		}
 	}
-	if len(cands) < compactMinSegments {
+	if len(cands) < r.e.compactAt {
 		return nil
 	}
 	slices.SortFunc(cands, func(a, b segments.ID) int {

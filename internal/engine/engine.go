@@ -57,6 +57,10 @@ type Options struct {
 	// Databases captures files a checkpoint marks as SQLite; required for
 	// CheckpointOptions.SQLite.
 	Databases Databases
+	// CompactAt is how many small or mostly dead segments make a checkpoint
+	// compact first (default 16, see compact.go); negative disables
+	// compaction, which only measurements should want.
+	CompactAt int
 }
 
 // Engine checkpoints and restores trees into one store.
@@ -69,6 +73,8 @@ type Engine struct {
 	now   func() time.Time
 	cfg   *manifest.Config
 	dbs   Databases
+	// compactAt: see Options.CompactAt.
+	compactAt int
 }
 
 // New returns an engine on st. It does no I/O against the store.
@@ -85,7 +91,8 @@ func New(st store.Store, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{st: store.NewCounting(st), codec: codec, state: state,
-		log: opts.Logger, par: opts.Parallel, now: opts.Now, dbs: opts.Databases}
+		log: opts.Logger, par: opts.Parallel, now: opts.Now, dbs: opts.Databases,
+		compactAt: opts.CompactAt}
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
 	}
@@ -94,6 +101,9 @@ func New(st store.Store, opts Options) (*Engine, error) {
 	}
 	if e.now == nil {
 		e.now = time.Now
+	}
+	if e.compactAt == 0 {
+		e.compactAt = compactMinSegments
 	}
 	return e, nil
 }
@@ -214,8 +224,8 @@ const maxWalkEntries = 50_000_000
 // reads each tree blob once and verifies it; onDir may be nil.
 func (e *Engine) walk(ctx context.Context, root segments.Ref, fn walkFn, onDir dirFn) error {
 	count := 0
-	var rec func(prefix string, ref segments.Ref, depth int) (segments.ID, error)
-	rec = func(prefix string, ref segments.Ref, depth int) (segments.ID, error) {
+	var rec func(prefix string, ref segments.Ref, depth int, deleted bool) (segments.ID, error)
+	rec = func(prefix string, ref segments.Ref, depth int, deleted bool) (segments.ID, error) {
 		if depth > 512 {
 			return segments.ID{}, fmt.Errorf("%w: tree deeper than 512 levels at %q", manifest.ErrInvalid, prefix)
 		}
@@ -234,17 +244,16 @@ func (e *Engine) walk(ctx context.Context, root segments.Ref, fn walkFn, onDir d
 			if prefix != "" {
 				rel = prefix + "/" + en.Name
 			}
+			if deleted && en.Deleted == 0 {
+				return segments.ID{}, fmt.Errorf("%w: %q is live inside a deleted directory", manifest.ErrInvalid, rel)
+			}
 			if err := fn(rel, en); err != nil {
 				return segments.ID{}, err
 			}
 			if en.Type != manifest.TypeDir {
 				continue
 			}
-			if en.Deleted != 0 {
-				keys[i] = en.Tree.Blob // a deleted subtree is opaque
-				continue
-			}
-			if keys[i], err = rec(rel, *en.Tree, depth+1); err != nil {
+			if keys[i], err = rec(rel, *en.Tree, depth+1, en.Deleted != 0); err != nil {
 				return segments.ID{}, err
 			}
 		}
@@ -254,7 +263,7 @@ func (e *Engine) walk(ctx context.Context, root segments.Ref, fn walkFn, onDir d
 		}
 		return key, nil
 	}
-	_, err := rec("", root, 0)
+	_, err := rec("", root, 0, false)
 	return err
 }
 

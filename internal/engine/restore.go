@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -29,7 +30,17 @@ type RestoreOptions struct {
 	// Seq restores exactly this sequence (no fallback); 0 takes the newest
 	// manifest that verifies.
 	Seq uint64
+	// IncludeDeleted also brings back the deletion tombstones the
+	// checkpoint keeps (paths deleted within the retention window).
+	IncludeDeleted bool
+	// Path, if set, restores only this path (slash-separated, relative to
+	// Dir) and what is below it, deleted or not; the rest of Dir and the
+	// local index are left alone.
+	Path string
 }
+
+// ErrPathNotFound: RestoreOptions.Path is not in the checkpoint.
+var ErrPathNotFound = errors.New("path not in the checkpoint")
 
 // PathError is one path restore could not write.
 type PathError struct {
@@ -81,6 +92,13 @@ func (e *Engine) Restore(ctx context.Context, opts RestoreOptions) (*RestoreResu
 	if err != nil {
 		return nil, fmt.Errorf("restore into %s: %w", opts.Dir, err)
 	}
+	if opts.Path != "" {
+		p := path.Clean(filepath.ToSlash(opts.Path))
+		if p == "." || path.IsAbs(p) || p == ".." || strings.HasPrefix(p, "../") {
+			return nil, fmt.Errorf("restore path %q: name a path inside the directory, relative to it", opts.Path)
+		}
+		opts.Path = p
+	}
 	unlock, err := e.state.lock(ctx, opts.Lineage)
 	if err != nil {
 		return nil, err
@@ -119,7 +137,7 @@ func (e *Engine) Restore(ctx context.Context, opts RestoreOptions) (*RestoreResu
 	for _, seq := range seqs {
 		m, err := manifest.Load(ctx, e.st, opts.Lineage, seq)
 		if err == nil {
-			err = e.restoreManifest(ctx, m, root, dir, newest, res)
+			err = e.restoreManifest(ctx, m, root, dir, newest, opts, res)
 		}
 		if err == nil {
 			if len(res.Failed) > 0 {
@@ -183,15 +201,30 @@ type chunkTarget struct {
 	off  int64
 }
 
-func (e *Engine) restoreManifest(ctx context.Context, m *manifest.Manifest, root *os.Root, dir string, newest uint64, res *RestoreResult) error {
+func (e *Engine) restoreManifest(ctx context.Context, m *manifest.Manifest, root *os.Root, dir string, newest uint64, opts RestoreOptions, res *RestoreResult) error {
 	sizes, err := e.checkSegments(ctx, m)
 	if err != nil {
 		return err
 	}
 	var dirs, items []*restoreItem
 	dirRefs := map[string]dirState{}
+	kept := map[string]fileState{} // tombstones not restored, for the index
+	matched := false
 	err = e.walk(ctx, m.Root, func(rel string, en *manifest.Entry) error {
-		if en.Deleted != 0 {
+		inPath := opts.Path == "" || rel == opts.Path || strings.HasPrefix(rel, opts.Path+"/")
+		matched = matched || (opts.Path != "" && rel == opts.Path)
+		switch {
+		case opts.Path != "" && !inPath:
+			// Only the directories on the way to it.
+			if en.Type != manifest.TypeDir || !strings.HasPrefix(opts.Path, rel+"/") {
+				return nil
+			}
+		case en.Deleted != 0 && !opts.IncludeDeleted && opts.Path == "":
+			if en.Type != manifest.TypeDir {
+				kept[rel] = fileState{Type: en.Type, Mode: en.Mode, Size: en.Size, MTime: en.MTime,
+					Target: en.Target, Content: en.Content, Chunks: en.Chunks, Pages: en.Pages,
+					Format: en.Format, Shipped: en.Size, Deleted: en.Deleted}
+			}
 			return nil
 		}
 		it := &restoreItem{rel: rel, en: *en}
@@ -206,6 +239,9 @@ func (e *Engine) restoreManifest(ctx context.Context, m *manifest.Manifest, root
 	})
 	if err != nil {
 		return err
+	}
+	if opts.Path != "" && !matched {
+		return fmt.Errorf("%w: %q in seq %d (see 'agentstate ls --deleted' for deleted paths)", ErrPathNotFound, opts.Path, m.Seq)
 	}
 
 	staging := stagingPrefix + randomHex()
@@ -344,9 +380,10 @@ func (e *Engine) restoreManifest(ctx context.Context, m *manifest.Manifest, root
 	if err := syncFS(root); err != nil {
 		return fmt.Errorf("flush restored files to disk: %w", err)
 	}
-	if len(res.Failed) > 0 {
+	if len(res.Failed) > 0 || opts.Path != "" {
 		return nil
 	}
+	maps.Copy(placed, kept)
 	ix := newIndex(e.st.String(), m.Lineage, dir)
 	ix.Seq, ix.Base, ix.Root, ix.Files, ix.Dirs, ix.Restored = newest, m.Seq, m.Root, placed, dirRefs, true
 	if err := e.state.saveIndex(ix); err != nil {

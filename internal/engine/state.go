@@ -60,6 +60,9 @@ type fileState struct {
 	// Racy: modified too close to when it was read for the stat to prove
 	// the content unchanged next time; re-read it.
 	Racy bool `json:"r,omitempty"`
+	// Deleted marks a deletion tombstone: when the path left the tree
+	// (Unix ns). Its content stays referenced until the window ends.
+	Deleted int64 `json:"del,omitempty"`
 }
 
 // dirState remembers each directory's last tree blob, so a directory whose

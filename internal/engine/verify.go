@@ -135,3 +135,45 @@ func (e *Engine) List(ctx context.Context, lineage string) ([]Summary, error) {
 	}
 	return out, nil
 }
+
+// DeletedPath is a deletion tombstone in a checkpoint: a file or symlink
+// that left the tree and can still be restored.
+type DeletedPath struct {
+	Path    string        `json:"path"`
+	Type    manifest.Type `json:"type"`
+	Size    int64         `json:"size"`
+	Deleted time.Time     `json:"deleted"`
+}
+
+// Deleted lists the deletion tombstones of the lineage's checkpoint seq
+// (0: the newest) and returns the sequence it read.
+func (e *Engine) Deleted(ctx context.Context, lineage string, seq uint64) (uint64, []DeletedPath, error) {
+	if err := manifest.ValidLineage(lineage); err != nil {
+		return 0, nil, err
+	}
+	if seq == 0 {
+		seqs, err := manifest.Sequences(ctx, e.st, lineage)
+		if err != nil {
+			return 0, nil, err
+		}
+		if len(seqs) == 0 {
+			return 0, nil, nil
+		}
+		seq = seqs[0]
+	}
+	m, err := manifest.Load(ctx, e.st, lineage, seq)
+	if err != nil {
+		return seq, nil, err
+	}
+	var out []DeletedPath
+	err = e.walk(ctx, m.Root, func(rel string, en *manifest.Entry) error {
+		if en.Deleted != 0 && en.Type != manifest.TypeDir {
+			out = append(out, DeletedPath{Path: rel, Type: en.Type, Size: en.Size, Deleted: time.Unix(0, en.Deleted).UTC()})
+		}
+		return nil
+	}, nil)
+	if err != nil {
+		return seq, nil, fmt.Errorf("list deleted paths of %q seq %d: %w", lineage, seq, err)
+	}
+	return seq, out, nil
+}
