@@ -46,7 +46,7 @@ first, nothing is committed and the exit code is 3: one writer per lineage.`,
 			var errs []error
 			var results []*engine.CheckpointResult
 			for _, tg := range targets {
-				res, err := e.Checkpoint(cmd.Context(), tg.checkpointOptions(authoritative))
+				res, err := e.Checkpoint(cmd.Context(), tg.checkpointOptions(authoritative, g.keepDeleted))
 				if err != nil {
 					errs = append(errs, err)
 				}
@@ -67,6 +67,7 @@ first, nothing is committed and the exit code is 3: one writer per lineage.`,
 	}
 	t.register(cmd, true)
 	cmd.Flags().BoolVar(&authoritative, "authoritative", false, "commit the local tree even if this machine never restored the lineage")
+	g.registerKeepDeleted(cmd)
 	cmd.Flags().BoolVar(&g.rawSQLite, "legacy-raw-sqlite", false, "one-time migration: the databases were copied raw (db, -wal, -shm) by the old sync script and nothing writes them; recover a private copy of each before capturing it")
 	return cmd
 }
@@ -97,8 +98,10 @@ func describeCheckpoint(r *engine.CheckpointResult) string {
 func newRestoreCmd(g *globalFlags) *cobra.Command {
 	var t targetFlags
 	var seq uint64
+	var includeDeleted bool
+	var onePath string
 	cmd := &cobra.Command{
-		Use:   "restore (--adapter NAME... | --all | --lineage NAME --dir PATH) [--seq N]",
+		Use:   "restore (--adapter NAME... | --all | --lineage NAME --dir PATH) [--seq N] [--include-deleted | --path P]",
 		Short: "Restore from the newest checkpoint that verifies",
 		Long: `Restore downloads the newest checkpoint of each lineage whose manifest and
 objects verify (every byte is checked by SHA-256), stages it inside the
@@ -111,11 +114,18 @@ database that passes quick_check (hot restart); a restored database never has
 stale -wal/-shm files beside it. Nothing is ever written outside the directory
 or through a symlink. An empty lineage is not an error: it is a first start.
 
+Paths deleted from the tree stay in the checkpoints for --keep-deleted (7 days
+by default) and are not restored unless asked: --include-deleted brings them
+all back with the tree, --path brings back one path (a file, or a directory
+with everything below it), deleted or not, and touches nothing else. See them
+with 'agentstate ls --deleted'.
+
 Exit code 4 names every path that could not be written; 5 means manifests
 exist but none verifies.`,
 		Example: `  agentstate restore --all
   agentstate restore --adapter claude
-  agentstate restore --lineage notes --dir /tmp/inspect --seq 41`,
+  agentstate restore --lineage notes --dir /tmp/inspect --seq 41
+  agentstate restore --adapter claude --path projects/-work/5f1c.jsonl`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			targets, err := t.resolve(cmd, g)
@@ -125,6 +135,12 @@ exist but none verifies.`,
 			if seq != 0 && len(targets) != 1 {
 				return usageError{errors.New("--seq names a sequence of one lineage: select exactly one")}
 			}
+			if onePath != "" && includeDeleted {
+				return usageError{errors.New("--path already brings back a deleted path: drop --include-deleted")}
+			}
+			if onePath != "" && len(targets) != 1 {
+				return usageError{errors.New("--path names a path of one lineage: select exactly one")}
+			}
 			e, _, err := g.openEngine(cmd.Context(), cmd)
 			if err != nil {
 				return err
@@ -132,7 +148,8 @@ exist but none verifies.`,
 			var errs []error
 			var results []*engine.RestoreResult
 			for _, tg := range targets {
-				res, err := e.Restore(cmd.Context(), engine.RestoreOptions{Lineage: tg.Lineage, Dir: tg.Dir, Seq: seq})
+				res, err := e.Restore(cmd.Context(), engine.RestoreOptions{Lineage: tg.Lineage, Dir: tg.Dir, Seq: seq,
+					IncludeDeleted: includeDeleted, Path: onePath})
 				if err != nil {
 					errs = append(errs, err)
 				}
@@ -153,6 +170,8 @@ exist but none verifies.`,
 	}
 	t.register(cmd, true)
 	cmd.Flags().Uint64Var(&seq, "seq", 0, "restore exactly this sequence number (default: newest that verifies)")
+	cmd.Flags().BoolVar(&includeDeleted, "include-deleted", false, "also bring back the paths deleted within the --keep-deleted window")
+	cmd.Flags().StringVar(&onePath, "path", "", "restore only this path (relative to the directory), deleted or not, and leave the rest alone")
 	return cmd
 }
 
@@ -174,18 +193,35 @@ func describeRestore(r *engine.RestoreResult) string {
 
 func newLsCmd(g *globalFlags) *cobra.Command {
 	var t targetFlags
+	var deleted bool
+	var seq uint64
 	cmd := &cobra.Command{
-		Use:   "ls (--adapter NAME... | --all | --lineage NAME)",
-		Short: "List the checkpoints of lineages, newest first",
-		Args:  noArgs,
+		Use:   "ls (--adapter NAME... | --all | --lineage NAME) [--deleted [--seq N]]",
+		Short: "List the checkpoints of lineages, newest first, or the deleted paths they keep",
+		Long: `Ls lists each lineage's checkpoints, newest first: sequence, time, live files
+and bytes, the segments it needs, and the writer that committed it.
+
+With --deleted it lists instead the paths deleted from the tree that the newest
+checkpoint (or --seq) still keeps, with when each was deleted: they stay for
+--keep-deleted (7 days by default) and come back with
+'agentstate restore --path P' or 'agentstate restore --include-deleted'.`,
+		Example: `  agentstate ls --all
+  agentstate ls --adapter claude --deleted`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			targets, err := t.resolve(cmd, g)
 			if err != nil {
 				return err
 			}
+			if seq != 0 && (!deleted || len(targets) != 1) {
+				return usageError{errors.New("--seq goes with --deleted and exactly one lineage")}
+			}
 			e, _, err := g.openEngine(cmd.Context(), cmd)
 			if err != nil {
 				return err
+			}
+			if deleted {
+				return listDeleted(cmd, g, e, targets, seq, t.lineage != "")
 			}
 			all := map[string][]engine.Summary{}
 			w := cmd.OutOrStdout()
@@ -225,7 +261,47 @@ func newLsCmd(g *globalFlags) *cobra.Command {
 		},
 	}
 	t.register(cmd, false)
+	cmd.Flags().BoolVar(&deleted, "deleted", false, "list the deleted paths the checkpoint keeps restorable")
+	cmd.Flags().Uint64Var(&seq, "seq", 0, "with --deleted: read this sequence (default: the newest)")
 	return cmd
+}
+
+// listDeleted prints the deletion tombstones of each target's checkpoint.
+func listDeleted(cmd *cobra.Command, g *globalFlags, e *engine.Engine, targets []target, seq uint64, single bool) error {
+	type out struct {
+		Lineage string               `json:"lineage"`
+		Seq     uint64               `json:"seq"`
+		Deleted []engine.DeletedPath `json:"deleted"`
+	}
+	var all []out
+	w := cmd.OutOrStdout()
+	for _, tg := range targets {
+		s, list, err := e.Deleted(cmd.Context(), tg.Lineage, seq)
+		if err != nil {
+			return err
+		}
+		all = append(all, out{Lineage: tg.Lineage, Seq: s, Deleted: list})
+		if g.jsonOut {
+			continue
+		}
+		switch {
+		case s == 0:
+			fmt.Fprintf(w, "lineage %s has no checkpoint\n", tg.Lineage)
+			continue
+		case len(list) == 0:
+			fmt.Fprintf(w, "lineage %s seq %d keeps no deleted path\n", tg.Lineage, s)
+			continue
+		}
+		fmt.Fprintf(w, "lineage %s seq %d keeps %d deleted paths:\n", tg.Lineage, s, len(list))
+		fmt.Fprintf(w, "%-25s %10s  %s\n", "DELETED", "BYTES", "PATH")
+		for _, d := range list {
+			fmt.Fprintf(w, "%-25s %10s  %s\n", d.Deleted.Format(time.RFC3339), humanBytes(d.Size), d.Path)
+		}
+	}
+	if g.jsonOut {
+		return printJSON(w, oneOrMany(all, single))
+	}
+	return nil
 }
 
 func newVerifyCmd(g *globalFlags) *cobra.Command {

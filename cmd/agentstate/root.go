@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -55,6 +56,13 @@ type globalFlags struct {
 	s3Anonymous bool
 	parallel    int
 	rawSQLite   bool
+	keepDeleted time.Duration
+}
+
+// registerKeepDeleted adds --keep-deleted to a command that checkpoints.
+func (g *globalFlags) registerKeepDeleted(cmd *cobra.Command) {
+	cmd.Flags().DurationVar(&g.keepDeleted, "keep-deleted", engine.DefaultKeepDeleted,
+		"keep deleted paths restorable for this long (see 'agentstate ls --deleted'); 0 keeps none")
 }
 
 func newRootCmd() *cobra.Command {

@@ -96,7 +96,8 @@ An ungraceful stop (SIGKILL, power loss) loses at most one interval.`,
 				go srv.Serve(ln)
 				defer srv.Close()
 			}
-			cp := &runCheckpointer{e: e, targets: targets, log: log, freshOnInvalid: freshOnInvalid}
+			cp := &runCheckpointer{e: e, targets: targets, log: log, freshOnInvalid: freshOnInvalid,
+				keepDeleted: g.keepDeleted}
 			// Run handles the stop signals itself (forwarding the real one to
 			// the child), so main's signal context must not cancel it.
 			code, err := supervisor.Run(context.WithoutCancel(cmd.Context()), cp, opts)
@@ -123,6 +124,7 @@ An ungraceful stop (SIGKILL, power loss) loses at most one interval.`,
 	f.DurationVar(&ckptTimeout, "checkpoint-timeout", 5*time.Minute, "give up on one timer checkpoint after this long (0: never)")
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9090), at /metrics")
 	f.BoolVar(&freshOnInvalid, "start-fresh-on-invalid", false, "if checkpoints exist but none verifies, start with the local tree anyway (the bad manifests stay untouched for forensics) instead of refusing")
+	g.registerKeepDeleted(cmd)
 	return cmd
 }
 
@@ -161,6 +163,7 @@ type runCheckpointer struct {
 	log            *slog.Logger
 	freshOnInvalid bool
 	authoritative  map[string]bool
+	keepDeleted    time.Duration
 	last           []supervisor.AdapterResult
 }
 
@@ -192,7 +195,7 @@ func (c *runCheckpointer) Checkpoint(ctx context.Context) error {
 	var errs []error
 	c.last = c.last[:0]
 	for _, tg := range c.targets {
-		res, err := c.e.Checkpoint(ctx, tg.checkpointOptions(c.authoritative[tg.Lineage]))
+		res, err := c.e.Checkpoint(ctx, tg.checkpointOptions(c.authoritative[tg.Lineage], c.keepDeleted))
 		r := supervisor.AdapterResult{Adapter: tg.Lineage, Err: err}
 		if res != nil {
 			r.Bytes, r.Requests = res.BytesUploaded, res.Requests

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -130,8 +131,12 @@ func (g *globalFlags) configPath() (string, error) {
 }
 
 // checkpointOptions turns a target into what the engine needs.
-func (t target) checkpointOptions(authoritative bool) engine.CheckpointOptions {
-	opts := engine.CheckpointOptions{Lineage: t.Lineage, Dir: t.Dir, Authoritative: authoritative}
+func (t target) checkpointOptions(authoritative bool, keepDeleted time.Duration) engine.CheckpointOptions {
+	if keepDeleted <= 0 {
+		keepDeleted = -1 // the flag's 0 means none; the engine's means default
+	}
+	opts := engine.CheckpointOptions{Lineage: t.Lineage, Dir: t.Dir, Authoritative: authoritative,
+		KeepDeleted: keepDeleted}
 	if a := t.Adapter; a != nil {
 		opts.Exclude = a.Excluded
 		opts.AppendOnly = a.IsAppendOnly
