@@ -21,18 +21,18 @@ import (
 // MinIO (a transcript appended every time, small notes rewritten, a SQLite
 // database updated every 10th time, a 2 MiB cache file replaced every
 // 100th), then restores the newest manifest with a fresh state directory
-// and reports what that restore cost. "none" is the same run with
-// compaction disabled, for comparison. Numbers in docs/benchmarks.md:
+// and reports what that restore cost, after 500 and 2,000 checkpoints;
+// "none" is the same run with compaction disabled, for comparison. Numbers in docs/benchmarks.md:
 //
 //	go test -run XXX -bench AgedLineage -benchtime 1x -timeout 60m ./integration/
 func BenchmarkAgedLineage(b *testing.B) {
 	for _, v := range []struct {
-		name      string
-		compactAt int
-	}{{"compaction", 0}, {"none", -1}} {
+		name              string
+		compactAt, rounds int
+	}{{"compaction-500", 0, 500}, {"compaction-2000", 0, 2000}, {"none-2000", -1, 2000}} {
 		b.Run(v.name, func(b *testing.B) {
 			for range b.N {
-				agedLineage(b, v.compactAt, 2000)
+				agedLineage(b, v.compactAt, v.rounds)
 			}
 		})
 	}
@@ -136,7 +136,9 @@ func agedLineage(b *testing.B, compactAt, rounds int) {
 	if err := rdb.QueryRow(`SELECT count(*) FROM kv`).Scan(&n); err != nil || n != 5 {
 		b.Fatalf("restored database: %d rows, %v", n, err)
 	}
-	if compactAt >= 0 && rres.Requests > 100 {
+	// Most of a compacted restore's requests are one ranged GET per tree
+	// (directory) and chunk-list page: the tree's shape, not its age.
+	if compactAt >= 0 && rres.Requests > 400 {
 		b.Fatalf("restore after %d checkpoints made %d requests", rounds, rres.Requests)
 	}
 	b.ReportMetric(float64(rounds), "checkpoints")

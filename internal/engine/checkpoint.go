@@ -624,12 +624,22 @@ func (r *checkpointRun) transcript(c *node, path string, fi os.FileInfo) error {
 			start = old.Shipped
 		}
 	}
+	keep := len(old.Content)
+	if start > 0 {
+		keep = r.mergeFrom(old.Content)
+		for _, ref := range old.Content[keep:] {
+			start -= ref.Size // shipped again, merged with what follows
+		}
+	}
 	end, err := lastNewline(f, start, size)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", path, err)
 	}
 	if start > 0 {
 		r.reuse(c, old) // the prefix is what was shipped before
+		if keep < len(old.Content) {
+			c.content, c.size, c.list, c.pages = c.content[:keep], start, nil, nil
+		}
 	} else {
 		c.content, c.size, c.list, c.pages = nil, 0, nil, nil
 	}
@@ -646,6 +656,28 @@ func (r *checkpointRun) transcript(c *node, path string, fi os.FileInfo) error {
 	}
 	r.settle(c, st)
 	return nil
+}
+
+// mergeTail is how many small pieces may end a transcript before they are
+// merged: each checkpoint's append is a piece of its own, often a few
+// hundred bytes, and without merging a transcript appended at every
+// checkpoint would hold a chunk reference (and restore a page of its chunk
+// list) per checkpoint.
+const mergeTail = 32
+
+// mergeFrom returns how many of a transcript's shipped chunks to keep: all
+// of them, or, when at least mergeTail chunks smaller than the minimum
+// chunk size end it, the chunks before that run, which is then read again
+// from the file and chunked with what was appended.
+func (r *checkpointRun) mergeFrom(content []segments.Ref) int {
+	k := len(content)
+	for k > 0 && content[k-1].Size < int64(r.params.Min) {
+		k--
+	}
+	if len(content)-k < mergeTail {
+		return len(content)
+	}
+	return k
 }
 
 // lastNewline returns the offset just past the last '\n' in [start, end),

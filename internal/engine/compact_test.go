@@ -14,7 +14,8 @@ import (
 )
 
 // A lineage that changes a little at every checkpoint keeps a bounded
-// segment list, and every compacted manifest restores exactly.
+// segment list and a transcript with few chunks, and every compacted
+// manifest restores exactly.
 func TestCompactionBoundsSegmentList(t *testing.T) {
 	f := newFixture(t)
 	src := filepath.Join(f.root, "src")
@@ -60,6 +61,16 @@ func TestCompactionBoundsSegmentList(t *testing.T) {
 	}
 	if compactions < rounds/compactMinSegments {
 		t.Fatalf("%d compactions in %d rounds", compactions, rounds)
+	}
+	// Appended pieces are merged: the chunk count follows the size, not
+	// the number of checkpoints.
+	ix, err := f.e.state.loadIndex("test", f.e.st.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 72 KB: one or two CDC chunks, and fewer than 32 (mergeTail) pieces.
+	if n := len(ix.Files["sessions/rollout.jsonl"].Content); n > 34 {
+		t.Fatalf("transcript appended %d times holds %d chunks, want at most 34", rounds, n)
 	}
 	// Idle after compaction: no request.
 	f.checkpointOpts(f.e, opts) // settles racy files
