@@ -21,24 +21,41 @@ import (
 // lineage would race the writer's next sequence number. A segment is a
 // candidate when its live bytes (what the tree still references) are under
 // half the segment size: that covers both a small segment and a big one
-// that is mostly dead. When there are compactMinSegments candidates (by
-// default; Options.CompactAt), their
-// live data blobs are copied (verified, by blob id) into fresh segments, and
-// every tree and chunk list is encoded again so it points at the copies; the
-// checkpoint then commits as usual, and the old segments die through GC's
-// mark and sweep once no retained manifest lists them.
+// that is mostly dead. Candidates fall into size tiers by live bytes, each
+// tier four times the one below (under 64 KiB, 256 KiB, 1 MiB, 4 MiB, half
+// a segment). When a tier holds enough candidates (16 in the lowest, which
+// every checkpoint feeds, 4 above), that tier and those below are merged:
+// their live data blobs are copied (verified, by blob id) into fresh
+// segments, and every tree and chunk list is encoded again so it points at
+// the copies. The checkpoint then commits as usual, and the old segments die
+// through GC's mark and sweep once no retained manifest lists them.
+//
+// Tiers keep the copying proportional to what changes: a merged segment
+// lands a tier higher and is copied again only when that tier fills, so a
+// byte is copied about once per tier before it rests in a segment at least
+// half live, rather than at every compaction.
 //
 // Bound: every segment that is not a candidate is at least half live, so
-// the newest manifest lists at most 2 * live bytes / segment size segments,
-// plus fewer than compactMinSegments candidates, plus what one checkpoint
-// adds.
+// the newest manifest lists at most 2 * live bytes / segment size of them,
+// plus fewer than 15 + 3 * 4 candidates, plus what one checkpoint adds.
 const (
-	compactMinSegments = 16
+	compactMinSegments  = 16 // candidates in the lowest tier that trigger a merge
+	compactTierSegments = 4  // candidates in a higher tier that trigger a merge
+	compactTierBase     = 64 << 10
 	// compactMaxFactor bounds one compaction to this many segment sizes of
 	// live bytes copied; the smallest candidates go first, so the count
 	// still drops while an old, big backlog is worked off over checkpoints.
 	compactMaxFactor = 4
 )
+
+// tier is a candidate's size tier by its live bytes.
+func tier(live int64) int {
+	t := 0
+	for b := int64(compactTierBase); live >= b && t < 4; b *= 4 {
+		t++
+	}
+	return t
+}
 
 // segUse is what the index references in one segment.
 type segUse struct {
@@ -94,14 +111,28 @@ func (r *checkpointRun) compact(segSize int64) error {
 		return nil
 	}
 	use := ix.segmentUse()
-	var cands []segments.ID
+	var all []segments.ID
+	var perTier [5]int
 	for seg, u := range use {
 		if u.live < segSize/2 {
-			cands = append(cands, seg)
+			all = append(all, seg)
+			perTier[tier(u.live)]++
 		}
 	}
-	if len(cands) < r.e.compactAt {
+	top := -1
+	for t, n := range perTier {
+		if (t == 0 && n >= r.e.compactAt) || (t > 0 && n >= compactTierSegments) {
+			top = t
+		}
+	}
+	if top < 0 {
 		return nil
+	}
+	var cands []segments.ID
+	for _, seg := range all {
+		if tier(use[seg].live) <= top {
+			cands = append(cands, seg)
+		}
 	}
 	slices.SortFunc(cands, func(a, b segments.ID) int {
 		return cmp.Or(cmp.Compare(use[a].live, use[b].live), cmp.Compare(a.String(), b.String()))
@@ -183,6 +214,6 @@ func (r *checkpointRun) compact(segSize int64) error {
 	r.res.SegmentsCompacted = len(retired)
 	r.res.BytesCompacted = copied
 	r.e.log.Info("compacting segments", "lineage", r.opts.Lineage,
-		"segments", len(retired), "bytes_copied", copied, "candidates", len(cands))
+		"segments", len(retired), "bytes_copied", copied, "tier", top)
 	return nil
 }

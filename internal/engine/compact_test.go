@@ -26,18 +26,24 @@ func TestCompactionBoundsSegmentList(t *testing.T) {
 
 	const rounds = 160 // past manifest.PageChunks pieces: a paged chunk list
 	compactions, maxSegs := 0, 0
+	var copied, uploaded, first int64
 	for i := range rounds {
 		appendLines(t, transcript, i*10, i*10+10, "")
 		note := filepath.Join(src, "notes", fmt.Sprintf("n%d.txt", i%7))
 		os.MkdirAll(filepath.Dir(note), 0o700)
 		os.WriteFile(note, []byte(fmt.Sprintf("round %d\n", i)), 0o600)
 		res := f.checkpointOpts(f.e, opts)
+		if i == 0 {
+			first = res.BytesUploaded
+		}
 		if !res.Committed {
 			t.Fatalf("round %d: nothing committed: %+v", i, res)
 		}
 		if res.SegmentsCompacted > 0 {
 			compactions++
 		}
+		copied += res.BytesCompacted
+		uploaded += res.BytesUploaded
 		m, err := manifest.Load(context.Background(), f.st, "test", res.Seq)
 		if err != nil {
 			t.Fatal(err)
@@ -61,6 +67,11 @@ func TestCompactionBoundsSegmentList(t *testing.T) {
 	}
 	if compactions < rounds/compactMinSegments {
 		t.Fatalf("%d compactions in %d rounds", compactions, rounds)
+	}
+	// Tiers: the big, stable segment of the first checkpoint is not copied
+	// again and again; copying stays within what the changes uploaded.
+	if later := uploaded - first; copied > 2*later {
+		t.Fatalf("compaction copied %d bytes while the changes uploaded %d", copied, later)
 	}
 	// Appended pieces are merged: the chunk count follows the size, not
 	// the number of checkpoints.
