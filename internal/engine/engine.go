@@ -57,9 +57,10 @@ type Options struct {
 	// Databases captures files a checkpoint marks as SQLite; required for
 	// CheckpointOptions.SQLite.
 	Databases Databases
-	// CompactAt is how many small or mostly dead segments make a checkpoint
-	// compact first (default 16, see compact.go); negative disables
-	// compaction, which only measurements should want.
+	// CompactAt is how many segments of the lowest size tier (small or
+	// mostly dead) make a checkpoint compact first (default 16, see
+	// compact.go); negative disables compaction, which only measurements
+	// should want.
 	CompactAt int
 }
 
@@ -152,8 +153,8 @@ func (e *Engine) chunkParams(c *manifest.Config) segments.ChunkParams {
 // loadTree reads and decodes one tree blob, resolving same-segment
 // references against the tree's own segment and expanding chunk lists, so
 // every file entry it returns has its Content.
-func (e *Engine) loadTree(ctx context.Context, ref segments.Ref) (manifest.Tree, error) {
-	b, err := e.codec.ReadBlob(ctx, e.st, ref, segments.ID{})
+func (e *Engine) loadTree(ctx context.Context, g segments.Getter, ref segments.Ref) (manifest.Tree, error) {
+	b, err := e.codec.ReadBlob(ctx, g, ref, segments.ID{})
 	if err != nil {
 		return manifest.Tree{}, err
 	}
@@ -170,7 +171,7 @@ func (e *Engine) loadTree(ctx context.Context, ref segments.Ref) (manifest.Tree,
 		if en.Chunks != nil {
 			r := en.Chunks.Resolve(ref.Segment)
 			en.Chunks = &r
-			if err := e.loadChunks(ctx, en); err != nil {
+			if err := e.loadChunks(ctx, g, en); err != nil {
 				return manifest.Tree{}, fmt.Errorf("chunk list of %q in segment %s: %w", en.Name, r.Segment, err)
 			}
 		}
@@ -180,8 +181,8 @@ func (e *Engine) loadTree(ctx context.Context, ref segments.Ref) (manifest.Tree,
 
 // loadChunks fills a file entry's Content (and Pages) from its chunk list:
 // a leaf, or an index of leaves (one level, never deeper).
-func (e *Engine) loadChunks(ctx context.Context, en *manifest.Entry) error {
-	b, err := e.codec.ReadBlob(ctx, e.st, *en.Chunks, segments.ID{})
+func (e *Engine) loadChunks(ctx context.Context, g segments.Getter, en *manifest.Entry) error {
+	b, err := e.codec.ReadBlob(ctx, g, *en.Chunks, segments.ID{})
 	if err != nil {
 		return err
 	}
@@ -191,7 +192,7 @@ func (e *Engine) loadChunks(ctx context.Context, en *manifest.Entry) error {
 	}
 	for _, p := range pages {
 		p = p.Resolve(en.Chunks.Segment)
-		pb, err := e.codec.ReadBlob(ctx, e.st, p, segments.ID{})
+		pb, err := e.codec.ReadBlob(ctx, g, p, segments.ID{})
 		if err != nil {
 			return fmt.Errorf("page %s: %w", p.Blob, err)
 		}
@@ -223,13 +224,18 @@ const maxWalkEntries = 50_000_000
 // walk visits the whole tree under root, depth first, parents first. It
 // reads each tree blob once and verifies it; onDir may be nil.
 func (e *Engine) walk(ctx context.Context, root segments.Ref, fn walkFn, onDir dirFn) error {
+	return e.walkVia(ctx, newTreeCache(e.st), root, fn, onDir)
+}
+
+// walkVia is walk reading trees through g.
+func (e *Engine) walkVia(ctx context.Context, g segments.Getter, root segments.Ref, fn walkFn, onDir dirFn) error {
 	count := 0
 	var rec func(prefix string, ref segments.Ref, depth int, deleted bool) (segments.ID, error)
 	rec = func(prefix string, ref segments.Ref, depth int, deleted bool) (segments.ID, error) {
 		if depth > 512 {
 			return segments.ID{}, fmt.Errorf("%w: tree deeper than 512 levels at %q", manifest.ErrInvalid, prefix)
 		}
-		t, err := e.loadTree(ctx, ref)
+		t, err := e.loadTree(ctx, g, ref)
 		if err != nil {
 			return segments.ID{}, err
 		}

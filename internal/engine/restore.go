@@ -210,7 +210,8 @@ func (e *Engine) restoreManifest(ctx context.Context, m *manifest.Manifest, root
 	dirRefs := map[string]dirState{}
 	kept := map[string]fileState{} // tombstones not restored, for the index
 	matched := false
-	err = e.walk(ctx, m.Root, func(rel string, en *manifest.Entry) error {
+	trees := newTreeCache(e.st)
+	err = e.walkVia(ctx, trees, m.Root, func(rel string, en *manifest.Entry) error {
 		inPath := opts.Path == "" || rel == opts.Path || strings.HasPrefix(rel, opts.Path+"/")
 		matched = matched || (opts.Path != "" && rel == opts.Path)
 		switch {
@@ -285,8 +286,9 @@ func (e *Engine) restoreManifest(ctx context.Context, m *manifest.Manifest, root
 			off += r.Size
 		}
 	}
-	// Metadata segments were read by ranges during the walk; read them whole
-	// too, so damage anywhere in them is found before anything is placed.
+	// Metadata segments the walk read by ranges (past the tree cache's
+	// bound) are read whole too, so damage anywhere in them is found before
+	// anything is placed.
 	meta := map[segments.ID]bool{}
 	for _, d := range dirRefs {
 		meta[d.Tree.Segment] = true
@@ -300,6 +302,9 @@ func (e *Engine) restoreManifest(ctx context.Context, m *manifest.Manifest, root
 		}
 	}
 	for seg := range meta {
+		if trees.verified(seg) {
+			continue // read whole and checked by the walk already
+		}
 		if _, ok := refsOf[seg]; !ok {
 			refsOf[seg] = nil
 		}
