@@ -146,6 +146,9 @@ func agedLineage(b *testing.B, compactAt, rounds int) {
 	b.ReportMetric(float64(len(m.Segments)), "manifest-segments")
 	b.ReportMetric(float64(len(mb)), "manifest-bytes")
 	b.ReportMetric(float64(rres.Requests), "restore-requests")
+	rs := fresh.Stats() // the fresh engine made only the restore's requests
+	b.ReportMetric(float64(rs.Gets), "restore-gets")
+	b.ReportMetric(float64(rs.Stats), "restore-heads")
 	b.ReportMetric(float64(rtook.Milliseconds()), "restore-ms")
 	b.ReportMetric(float64(took.Milliseconds())/float64(rounds), "ms/checkpoint")
 	b.ReportMetric(float64(compacted), "segments-compacted")

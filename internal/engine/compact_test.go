@@ -52,8 +52,14 @@ func TestCompactionBoundsSegmentList(t *testing.T) {
 		if i%40 == 39 {
 			dst := filepath.Join(f.root, fmt.Sprintf("dst%d", i))
 			other := f.engine(filepath.Join(f.root, fmt.Sprintf("state%d", i)))
-			if _, err := other.Restore(context.Background(), RestoreOptions{Lineage: "test", Dir: dst}); err != nil {
+			rres, err := other.Restore(context.Background(), RestoreOptions{Lineage: "test", Dir: dst})
+			if err != nil {
 				t.Fatalf("round %d: restore: %v", i, err)
+			}
+			// A LIST and the manifest, then per segment a HEAD and a GET
+			// (a data segment may take two): not a GET per directory.
+			if bound := 2 + 3*int64(len(m.Segments)); rres.Requests > bound {
+				t.Fatalf("round %d: restore made %d requests for %d segments, want at most %d", i, rres.Requests, len(m.Segments), bound)
 			}
 			testutil.CompareTrees(t, testutil.Snapshot(t, src), testutil.Snapshot(t, dst))
 			if _, err := f.e.Verify(context.Background(), "test", 0); err != nil {
