@@ -18,7 +18,8 @@ import (
 )
 
 // BenchmarkAgedLineage checkpoints a harness-like tree 2,000 times against
-// MinIO (a transcript appended every time, small notes rewritten, a SQLite
+// MinIO (a transcript appended every time, a new one every 20th time as
+// sessions begin, small notes rewritten, a SQLite
 // database updated every 10th time, a 2 MiB cache file replaced every
 // 100th), then restores the newest manifest with a fresh state directory
 // and reports what that restore cost, after 500 and 2,000 checkpoints;
@@ -44,9 +45,9 @@ func agedLineage(b *testing.B, compactAt, rounds int) {
 	st := openS3(b, storeURL)
 	src := filepath.Join(b.TempDir(), "home")
 	testutil.GenTree(b, src, testutil.TreeSpec{Seed: 50, SmallFiles: 200})
-	transcript := filepath.Join(src, "sessions", "rollout.jsonl")
+	sessions := filepath.Join(src, "sessions")
 	dbPath := filepath.Join(src, "state.db")
-	os.MkdirAll(filepath.Dir(transcript), 0o700)
+	os.MkdirAll(sessions, 0o700)
 	os.MkdirAll(filepath.Join(src, "notes"), 0o700)
 	db, err := sql.Open("sqlite", "file:"+dbPath+"?_pragma=journal_mode(WAL)")
 	if err != nil {
@@ -71,6 +72,9 @@ func agedLineage(b *testing.B, compactAt, rounds int) {
 	var compacted, uploaded int64
 	start := time.Now()
 	for i := range rounds {
+		// A new session every 20 checkpoints, as a harness starts a new
+		// transcript file per session; the old ones stay.
+		transcript := filepath.Join(sessions, fmt.Sprintf("s%03d.jsonl", i/20))
 		fh, err := os.OpenFile(transcript, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
 		if err != nil {
 			b.Fatal(err)

@@ -73,6 +73,13 @@ Without it, it runs once (for cron or a Kubernetes CronJob).
 --dry-run writes and deletes nothing, not even the lease, and reports what a
 run would sweep and mark (ages then use the local clock).
 
+Compaction is not gc's job: each lineage's writer compacts at checkpoint time
+(small or mostly dead segments are merged into fresh ones), because only the
+writer may commit to its lineage. The segments it retires become garbage here
+once no retained checkpoint lists them. Deleted paths are kept in checkpoints
+for the writer's --keep-deleted window, and their bytes are reclaimed here
+after that.
+
 Exit codes: 0 done; 1 error, or another GC holds the lease; 2 usage;
 5 a retained manifest is damaged (GC deletes nothing until it is dealt with).`
 
