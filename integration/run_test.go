@@ -219,3 +219,51 @@ func TestRunMetricsAndStatus(t *testing.T) {
 		t.Fatalf("status %+v", st)
 	}
 }
+
+// TestRunKeepsPrivateCredentialsFromTheHarness: with the bucket's keys as
+// AGENTSTATE_S3_*, run checkpoints with them, and the harness's
+// environment holds neither them nor AWS keys it was not given.
+func TestRunKeepsPrivateCredentialsFromTheHarness(t *testing.T) {
+	storeURL, env := newBucket(t)
+	var private []string
+	var secret string
+	for _, kv := range env {
+		name, value, _ := strings.Cut(kv, "=")
+		switch name {
+		case "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN":
+			private = append(private, "AGENTSTATE_S3_"+strings.TrimPrefix(name, "AWS_")+"="+value)
+			if name == "AWS_SECRET_ACCESS_KEY" {
+				secret = value
+			}
+		default:
+			private = append(private, kv)
+		}
+	}
+	if secret == "" {
+		t.Fatal("the bucket's env has no secret key")
+	}
+	dir := t.TempDir()
+	c := newCLI(t, storeURL, private)
+	out := filepath.Join(t.TempDir(), "child-env")
+	os.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o600)
+	cmd, logs := c.runCmd(dir, nil, "sh", "-c", `env > "$0"`, out)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitStatus(waitTimeout(cmd, time.Minute)); code != 0 {
+		t.Fatalf("run exited %d\n%s", code, logs)
+	}
+	childEnv, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(childEnv, []byte(secret)) || bytes.Contains(childEnv, []byte("AGENTSTATE_S3_")) {
+		t.Fatalf("the harness saw the bucket's credentials:\n%s", childEnv)
+	}
+	if !bytes.Contains(childEnv, []byte("AWS_REGION=")) {
+		t.Fatalf("the harness lost the rest of the environment:\n%s", childEnv)
+	}
+	if got := restoredFile(t, newCLI(t, storeURL, env), "f"); string(got) != "x" {
+		t.Fatalf("the final checkpoint with the private keys holds %q\n%s", got, logs)
+	}
+}

@@ -136,6 +136,14 @@ func TestOptionsFromEnv(t *testing.T) {
 			},
 		},
 		{
+			"private credentials win, as a set",
+			map[string]string{
+				"AWS_ACCESS_KEY_ID": "AKID", "AWS_SECRET_ACCESS_KEY": secret, "AWS_SESSION_TOKEN": "tok",
+				"AGENTSTATE_S3_ACCESS_KEY_ID": "MINE", "AGENTSTATE_S3_SECRET_ACCESS_KEY": "my-" + secret,
+			},
+			store.Options{AccessKeyID: "MINE", SecretAccessKey: "my-" + secret},
+		},
+		{
 			"fallbacks",
 			map[string]string{"AWS_ENDPOINT_URL": "http://generic:9000", "AWS_DEFAULT_REGION": "us-west-2", "AWS_EC2_METADATA_DISABLED": "false"},
 			store.Options{Endpoint: "http://generic:9000", Region: "us-west-2"},
@@ -192,8 +200,8 @@ func TestOpenCredentials(t *testing.T) {
 		{name: "nothing", mod: func(*store.Options) {}, noCreds: true, errHas: "AWS_ACCESS_KEY_ID"},
 		{name: "anonymous allowed", mod: func(o *store.Options) { o.AllowAnonymous = true }, succeeds: true},
 		{name: "static", mod: func(o *store.Options) { o.AccessKeyID, o.SecretAccessKey = "AKID", secret }, succeeds: true},
-		{name: "key without secret", mod: func(o *store.Options) { o.AccessKeyID = "AKID" }, errHas: "AWS_SECRET_ACCESS_KEY is not"},
-		{name: "secret without key", mod: func(o *store.Options) { o.SecretAccessKey = secret }, errHas: "AWS_ACCESS_KEY_ID is not"},
+		{name: "key without secret", mod: func(o *store.Options) { o.AccessKeyID = "AKID" }, errHas: "no secret access key: set AWS_SECRET_ACCESS_KEY"},
+		{name: "secret without key", mod: func(o *store.Options) { o.SecretAccessKey = secret }, errHas: "no access key id: set AWS_ACCESS_KEY_ID"},
 		{name: "credentials file", mod: func(o *store.Options) { o.CredentialsFile = credFile }, succeeds: true},
 		{name: "missing profile", mod: func(o *store.Options) { o.CredentialsFile, o.Profile = credFile, "nope" }, noCreds: true, errHas: `"nope"`},
 		{name: "partial profile", mod: func(o *store.Options) { o.CredentialsFile, o.Profile = credFile, "broken" }, noCreds: true},

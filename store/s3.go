@@ -94,9 +94,18 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// PrivateCredentialVars are agentstate's own names for static S3
+// credentials. Set, they win over AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
+// and AWS_SESSION_TOKEN, and `agentstate run` never passes them on to the
+// harness: an agent that runs tools must not be able to read (or delete)
+// the bucket that holds every lineage, while a harness that needs AWS
+// credentials of its own (Bedrock) still gets the standard variables.
+var PrivateCredentialVars = []string{"AGENTSTATE_S3_ACCESS_KEY_ID", "AGENTSTATE_S3_SECRET_ACCESS_KEY", "AGENTSTATE_S3_SESSION_TOKEN"}
+
 // OptionsFromEnv reads Options from the standard AWS environment variables
-// through getenv (os.Getenv in production, a map in tests). minio-go itself
-// reads no endpoint or region from the environment.
+// through getenv (os.Getenv in production, a map in tests), with static
+// credentials from PrivateCredentialVars first. minio-go itself reads no
+// endpoint or region from the environment.
 func OptionsFromEnv(getenv func(string) string) Options {
 	first := func(names ...string) string {
 		for _, n := range names {
@@ -106,12 +115,16 @@ func OptionsFromEnv(getenv func(string) string) Options {
 		}
 		return ""
 	}
+	keys := []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
+	if getenv(PrivateCredentialVars[0]) != "" || getenv(PrivateCredentialVars[1]) != "" {
+		keys = PrivateCredentialVars // never half of one set and half of the other
+	}
 	return Options{
 		Endpoint:        first("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
 		Region:          first("AWS_REGION", "AWS_DEFAULT_REGION"),
-		AccessKeyID:     getenv("AWS_ACCESS_KEY_ID"),
-		SecretAccessKey: getenv("AWS_SECRET_ACCESS_KEY"),
-		SessionToken:    getenv("AWS_SESSION_TOKEN"),
+		AccessKeyID:     getenv(keys[0]),
+		SecretAccessKey: getenv(keys[1]),
+		SessionToken:    getenv(keys[2]),
 		Profile:         getenv("AWS_PROFILE"),
 		CredentialsFile: getenv("AWS_SHARED_CREDENTIALS_FILE"),
 		DisableIMDS:     strings.EqualFold(getenv("AWS_EC2_METADATA_DISABLED"), "true"),
@@ -304,9 +317,9 @@ func resolveCredentials(ctx context.Context, opts Options) (*credentials.Credent
 	case opts.AccessKeyID != "" && opts.SecretAccessKey != "":
 		return credentials.NewStaticV4(opts.AccessKeyID, opts.SecretAccessKey, opts.SessionToken), nil
 	case opts.AccessKeyID != "":
-		return nil, errors.New("AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not")
+		return nil, errors.New("an access key id is set but no secret access key: set AWS_SECRET_ACCESS_KEY (or AGENTSTATE_S3_SECRET_ACCESS_KEY with AGENTSTATE_S3_ACCESS_KEY_ID)")
 	case opts.SecretAccessKey != "":
-		return nil, errors.New("AWS_SECRET_ACCESS_KEY is set but AWS_ACCESS_KEY_ID is not")
+		return nil, errors.New("a secret access key is set but no access key id: set AWS_ACCESS_KEY_ID (or AGENTSTATE_S3_ACCESS_KEY_ID with AGENTSTATE_S3_SECRET_ACCESS_KEY)")
 	}
 	cc := &credentials.CredContext{Client: &http.Client{Timeout: credentialTimeout}, Context: ctx}
 	file := &credentials.FileAWSCredentials{Filename: opts.CredentialsFile, Profile: opts.Profile}

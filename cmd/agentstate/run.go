@@ -8,13 +8,16 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/agentstate/agentstate/internal/engine"
 	"github.com/agentstate/agentstate/internal/supervisor"
+	"github.com/agentstate/agentstate/store"
 )
 
 func newRunCmd(g *globalFlags) *cobra.Command {
@@ -45,7 +48,13 @@ func newRunCmd(g *globalFlags) *cobra.Command {
      to --max-restarts in a row; the count resets once it stays up for
      --healthy-after. Past the cap: final checkpoint, exit non-zero.
 
-An ungraceful stop (SIGKILL, power loss) loses at most one interval.`,
+An ungraceful stop (SIGKILL, power loss) loses at most one interval.
+
+The harness gets run's environment, except agentstate's private store
+credentials: give the bucket's keys as AGENTSTATE_S3_ACCESS_KEY_ID and
+AGENTSTATE_S3_SECRET_ACCESS_KEY (and AGENTSTATE_S3_SESSION_TOKEN) and the agent
+cannot read them; AWS_* variables are passed on for a harness that needs AWS
+itself (e.g. Bedrock).`,
 		Example: `  AM_LOCAL=/am AGENTSTATE_STORE=s3://agents/prod agentstate run -- claude-server --port 8080
   agentstate run --adapter opencode --metrics-addr :9090 -- opencode serve
   agentstate run --lineage notes --dir /data/notes --checkpoint-policy manual -- ./app`,
@@ -63,7 +72,7 @@ An ungraceful stop (SIGKILL, power loss) loses at most one interval.`,
 			if err != nil {
 				return err
 			}
-			opts := supervisor.Options{Command: args, Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+			opts := supervisor.Options{Command: args, Env: childEnv(os.Environ()), Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 				Grace: grace, MaxRestarts: maxRestarts, HealthyAfter: healthy, CheckpointTimeout: ckptTimeout,
 				Backoff: supervisor.Backoff{Initial: backoff, Max: backoffMax}}
 			if opts.Policy, err = supervisor.ParsePolicy(envOr(cmd, "checkpoint-policy", policy, "AGENT_STATE_CHECKPOINT_POLICY")); err != nil {
@@ -80,6 +89,10 @@ An ungraceful stop (SIGKILL, power loss) loses at most one interval.`,
 				return err
 			}
 			opts.Logger = log
+			if os.Getenv("AWS_SECRET_ACCESS_KEY") != "" && os.Getenv("AGENTSTATE_S3_SECRET_ACCESS_KEY") == "" {
+				log.Warn("the harness inherits AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY: if these are the bucket's credentials, " +
+					"give them as AGENTSTATE_S3_ACCESS_KEY_ID/AGENTSTATE_S3_SECRET_ACCESS_KEY instead, which run never passes on")
+			}
 			e, _, err := g.openEngine(cmd.Context(), cmd)
 			if err != nil {
 				return err
@@ -126,6 +139,19 @@ An ungraceful stop (SIGKILL, power loss) loses at most one interval.`,
 	f.BoolVar(&freshOnInvalid, "start-fresh-on-invalid", false, "if checkpoints exist but none verifies, start with the local tree anyway (the bad manifests stay untouched for forensics) instead of refusing")
 	g.registerKeepDeleted(cmd)
 	return cmd
+}
+
+// childEnv is the harness's environment: run's own, without agentstate's
+// private store credentials (store.PrivateCredentialVars).
+func childEnv(environ []string) []string {
+	out := make([]string, 0, len(environ))
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !slices.Contains(store.PrivateCredentialVars, name) {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // exitWith carries run's exit code (the child's) through cobra to main.
