@@ -85,14 +85,17 @@ func describeCheckpoint(r *engine.CheckpointResult) string {
 	if !r.Committed {
 		head = fmt.Sprintf("lineage %s: no change since seq %d, nothing committed", r.Lineage, r.Seq)
 	}
-	compacted := ""
+	extra := ""
 	if r.SegmentsCompacted > 0 {
-		compacted = fmt.Sprintf("\n  compacted %d small or mostly dead segments (%s of live blobs copied)",
+		extra = fmt.Sprintf("\n  compacted %d small or mostly dead segments (%s of live blobs copied)",
 			r.SegmentsCompacted, humanBytes(r.BytesCompacted))
+	}
+	if r.Tombstones > 0 {
+		extra += fmt.Sprintf("\n  keeps %d deleted paths restorable (agentstate ls --deleted)", r.Tombstones)
 	}
 	return fmt.Sprintf("%s\n  files %d, read %d, changed %d\n  uploaded %d blobs in %d segments, %s%s\n  requests %d, took %s",
 		head, r.Files, r.FilesRead, r.FilesChanged, r.BlobsUploaded, r.SegmentsUploaded,
-		humanBytes(r.BytesUploaded), compacted, r.Requests, r.Duration.Round(time.Millisecond))
+		humanBytes(r.BytesUploaded), extra, r.Requests, r.Duration.Round(time.Millisecond))
 }
 
 func newRestoreCmd(g *globalFlags) *cobra.Command {
