@@ -178,6 +178,16 @@ func TestTombstoneKeepsItsSegment(t *testing.T) {
 	if !m.HasSegment(seg) {
 		t.Fatal("the tombstone's segment is not listed: GC would delete it")
 	}
+	// Kept tombstones cost an idle checkpoint nothing.
+	os.MkdirAll(filepath.Join(src, "d"), 0o700)
+	os.WriteFile(filepath.Join(src, "d", "x"), []byte("in a directory"), 0o600)
+	f.checkpoint(f.e, src)
+	os.RemoveAll(filepath.Join(src, "d"))
+	f.checkpoint(f.e, src)
+	f.checkpoint(f.e, src) // settles racy stat data
+	if res := f.checkpoint(f.e, src); res.Committed || res.Requests != 0 || res.Tombstones != 2 {
+		t.Fatalf("idle checkpoint with tombstones: %+v", res)
+	}
 	res = f.checkpointOpts(f.e, CheckpointOptions{Dir: src, KeepDeleted: -1})
 	m, _ = manifest.Load(context.Background(), f.st, "test", res.Seq)
 	if m.HasSegment(seg) || res.Tombstones != 0 {
