@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -368,7 +369,7 @@ func (e *Engine) fillIndex(ctx context.Context, ix *index, m *manifest.Manifest)
 		case manifest.TypeFile, manifest.TypeSymlink:
 			content := make([]segments.Ref, len(en.Content))
 			copy(content, en.Content)
-			ix.Files[rel] = fileState{Type: en.Type, Mode: en.Mode, Size: en.Size, Target: en.Target,
+			ix.Files[rel] = fileState{Type: en.Type, Mode: en.Mode, Size: en.Size, MTime: en.MTime, Target: en.Target,
 				Content: content, Chunks: en.Chunks, Pages: en.Pages, Format: en.Format,
 				Shipped: en.Size, Racy: true, Deleted: en.Deleted}
 		}
@@ -624,6 +625,13 @@ func (r *checkpointRun) transcript(c *node, path string, fi os.FileInfo) error {
 			start = old.Shipped
 		}
 	}
+	if had && old.Format == manifest.FormatLines && old.Ino == 0 && old.Shipped > 0 && size >= old.Shipped &&
+		samePrefix(f, old.Content) {
+		// An index rebuilt from the store knows no inode or tail hash, but
+		// it knows every stored piece's id: a prefix that hashes to them is
+		// what was shipped, and only what follows it is new.
+		start = old.Shipped
+	}
 	keep := len(old.Content)
 	if start > 0 {
 		keep = r.mergeFrom(old.Content)
@@ -695,6 +703,23 @@ func lastNewline(f *os.File, start, end int64) (int64, error) {
 		}
 	}
 	return start, nil
+}
+
+// samePrefix reports whether f begins with exactly the blobs refs name.
+func samePrefix(f *os.File, refs []segments.Ref) bool {
+	var off int64
+	var buf []byte
+	for _, r := range refs {
+		if r.Size <= 0 || r.Size > segments.MaxBlobSize {
+			return false
+		}
+		buf = slices.Grow(buf[:0], int(r.Size))[:r.Size]
+		if _, err := f.ReadAt(buf, off); err != nil || segments.Sum(buf) != r.Blob {
+			return false
+		}
+		off += r.Size
+	}
+	return len(refs) > 0
 }
 
 // tailHash hashes the last tailLen bytes before off.

@@ -188,6 +188,9 @@ type restoreItem struct {
 	en     manifest.Entry
 	staged string
 	action int
+	// ancestor: a directory on the way to RestoreOptions.Path, created if
+	// missing but otherwise left as it is.
+	ancestor bool
 }
 
 const (
@@ -210,7 +213,7 @@ func (e *Engine) restoreManifest(ctx context.Context, m *manifest.Manifest, root
 	dirRefs := map[string]dirState{}
 	kept := map[string]fileState{} // tombstones not restored, for the index
 	matched := false
-	trees := newTreeCache(e.st)
+	trees := newTreeCache(e.st, sizes)
 	err = e.walkVia(ctx, trees, m.Root, func(rel string, en *manifest.Entry) error {
 		inPath := opts.Path == "" || rel == opts.Path || strings.HasPrefix(rel, opts.Path+"/")
 		matched = matched || (opts.Path != "" && rel == opts.Path)
@@ -228,7 +231,7 @@ func (e *Engine) restoreManifest(ctx context.Context, m *manifest.Manifest, root
 			}
 			return nil
 		}
-		it := &restoreItem{rel: rel, en: *en}
+		it := &restoreItem{rel: rel, en: *en, ancestor: !inPath}
 		if en.Type == manifest.TypeDir {
 			dirs = append(dirs, it)
 		} else {
@@ -328,7 +331,9 @@ func (e *Engine) restoreManifest(ctx context.Context, m *manifest.Manifest, root
 		return false
 	}
 	for _, d := range dirs {
-		res.Dirs++
+		if !d.ancestor {
+			res.Dirs++
+		}
 		if parentBad(d.rel) {
 			bad[d.rel] = true
 			failed(d.rel, errors.New("parent directory could not be restored"))
@@ -370,7 +375,7 @@ func (e *Engine) restoreManifest(ctx context.Context, m *manifest.Manifest, root
 	// Directory times last, deepest first, once nothing more is put in them.
 	for i := len(dirs) - 1; i >= 0; i-- {
 		d := dirs[i]
-		if bad[d.rel] {
+		if bad[d.rel] || d.ancestor {
 			continue
 		}
 		if err := root.Chmod(d.rel, fileMode(d.en.Mode)); err != nil {

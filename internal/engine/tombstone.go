@@ -87,11 +87,14 @@ func (r *checkpointRun) tombstones(root *node) {
 
 // ghostParent finds the directory node that holds rel, making ghost
 // directories for the parts that are gone; false if a non-directory is in
-// the way.
+// the way or a missing directory is excluded now. Nothing is made unless
+// the tombstone goes in: an empty ghost would be a live directory that
+// never existed.
 func (r *checkpointRun) ghostParent(root *node, rel string, del int64, touched map[*node]bool) (*node, bool) {
 	n := root
 	parts := strings.Split(rel, "/")
-	for i, part := range parts[:len(parts)-1] {
+	dirs := parts[:len(parts)-1]
+	for i, part := range dirs {
 		var next *node
 		for _, c := range n.children {
 			if c.name == part {
@@ -100,13 +103,19 @@ func (r *checkpointRun) ghostParent(root *node, rel string, del int64, touched m
 			}
 		}
 		if next == nil {
-			dirRel := strings.Join(parts[:i+1], "/")
-			if r.opts.Exclude != nil && r.opts.Exclude(dirRel, true) {
-				return nil, false
+			for j := i; j < len(dirs); j++ {
+				if r.opts.Exclude != nil && r.opts.Exclude(strings.Join(parts[:j+1], "/"), true) {
+					return nil, false
+				}
 			}
-			next = &node{name: part, rel: dirRel, typ: manifest.TypeDir, mode: 0o700, mtime: del, ghost: true}
-			n.children = append(n.children, next)
-			touched[n] = true
+			for j := i; j < len(dirs); j++ {
+				g := &node{name: parts[j], rel: strings.Join(parts[:j+1], "/"), typ: manifest.TypeDir,
+					mode: 0o700, mtime: del, ghost: true}
+				n.children = append(n.children, g)
+				touched[n] = true
+				n = g
+			}
+			return n, true
 		}
 		if next.typ != manifest.TypeDir {
 			return nil, false

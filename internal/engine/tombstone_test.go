@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -203,4 +204,112 @@ func filesOnly(tree map[string]testutil.Node) map[string]testutil.Node {
 		}
 	}
 	return out
+}
+
+func writeFile(t *testing.T, root, p, body string) {
+	t.Helper()
+	os.MkdirAll(filepath.Dir(filepath.Join(root, p)), 0o700)
+	if err := os.WriteFile(filepath.Join(root, p), []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A directory excluded under a deleted one takes its tombstones along and
+// leaves no empty ghost: the tree stays valid (no live entry inside a
+// deleted directory) and no directory appears that never held a tombstone.
+func TestTombstonesUnderExcludedDirectory(t *testing.T) {
+	for _, tt := range []struct {
+		name, excluded string
+		files          []string
+		wantDeleted    []string
+	}{
+		{"excluded below a kept tombstone", "a/b/c", []string{"a/f", "a/b/c/d"}, []string{"a/f"}},
+		{"every tombstone excluded", "x/y", []string{"x/y/z"}, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t)
+			src := filepath.Join(f.root, "src")
+			writeFile(t, src, "keep", "k")
+			for _, p := range tt.files {
+				writeFile(t, src, p, p)
+			}
+			f.checkpoint(f.e, src)
+			top := strings.Split(tt.files[0], "/")[0]
+			os.RemoveAll(filepath.Join(src, top))
+			res := f.checkpointOpts(f.e, CheckpointOptions{Dir: src,
+				Exclude: func(rel string, isDir bool) bool { return isDir && rel == tt.excluded }})
+			if _, err := f.e.Verify(context.Background(), "test", 0); err != nil {
+				t.Fatalf("verify: %v", err)
+			}
+			m, _ := manifest.Load(context.Background(), f.st, "test", res.Seq)
+			if m.Totals.Dirs != 0 {
+				t.Fatalf("totals count a directory: %+v", m.Totals)
+			}
+			if got := deletedPaths(t, f.e); !slices.Equal(got, tt.wantDeleted) {
+				t.Fatalf("deleted paths %v, want %v", got, tt.wantDeleted)
+			}
+			dst, rres := restoreTo(t, f, "r", RestoreOptions{})
+			if rres.Seq != res.Seq || len(rres.Rejected) != 0 {
+				t.Fatalf("restore fell back: %+v", rres)
+			}
+			if _, err := os.Stat(filepath.Join(dst, top)); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("%s restored as a live directory: %v", top, err)
+			}
+		})
+	}
+}
+
+// After the local index is lost, an idle checkpoint commits nothing: a
+// tombstone keeps its mtime, and a transcript whose prefix hashes to the
+// stored pieces is not shipped whole again.
+func TestLostIndexKeepsTombstonesAndTranscripts(t *testing.T) {
+	f := newFixture(t)
+	src := filepath.Join(f.root, "src")
+	writeFile(t, src, "keep", "k")
+	writeFile(t, src, "gone", "g")
+	old := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	os.Chtimes(filepath.Join(src, "gone"), old, old)
+	tr := filepath.Join(src, "t.jsonl")
+	opts := CheckpointOptions{Dir: src, AppendOnly: func(rel string) bool { return strings.HasSuffix(rel, ".jsonl") }}
+	for i := range 3 {
+		appendLines(t, tr, i*10, i*10+10, "")
+		f.checkpointOpts(f.e, opts)
+	}
+	os.Remove(filepath.Join(src, "gone"))
+	f.checkpointOpts(f.e, opts)
+	time.Sleep(1100 * time.Millisecond) // out of the racy window
+	f.checkpointOpts(f.e, opts)
+	lost, _ := filepath.Glob(filepath.Join(f.state, "stores", "*", "test", "index.json"))
+	if len(lost) != 1 || os.Remove(lost[0]) != nil {
+		t.Fatalf("index files: %v", lost)
+	}
+	if res := f.checkpointOpts(f.e, opts); res.Committed || res.BytesUploaded != 0 {
+		t.Fatalf("idle checkpoint after a lost index: %+v", res)
+	}
+	dst, _ := restoreTo(t, f, "r", RestoreOptions{IncludeDeleted: true})
+	if fi, err := os.Stat(filepath.Join(dst, "gone")); err != nil || !fi.ModTime().Equal(old) {
+		t.Fatalf("restored tombstone: %v, mtime %v, want %v", err, fi.ModTime(), old)
+	}
+}
+
+// Restoring one path creates missing parents but leaves existing ones as
+// they are: the rest of the directory is not touched.
+func TestRestorePathLeavesAncestorsAlone(t *testing.T) {
+	f := newFixture(t)
+	src := filepath.Join(f.root, "src")
+	writeFile(t, src, "a/b/f", "f")
+	f.checkpoint(f.e, src)
+	dst := filepath.Join(f.root, "dst")
+	os.MkdirAll(filepath.Join(dst, "a"), 0o755)
+	os.Chmod(filepath.Join(dst, "a"), 0o755)
+	later := time.Now().Add(time.Hour).Truncate(time.Second)
+	os.Chtimes(filepath.Join(dst, "a"), later, later)
+	restoreTo(t, f, "r", RestoreOptions{Dir: dst, Path: "a/b/f"})
+	fi, err := os.Stat(filepath.Join(dst, "a"))
+	if err != nil || fi.Mode().Perm() != 0o755 {
+		t.Fatalf("ancestor a: %v %v, want 0755 kept", fi.Mode(), err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dst, "a/b/f")); string(b) != "f" {
+		t.Fatalf("a/b/f: %q", b)
+	}
 }
