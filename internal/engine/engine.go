@@ -106,6 +106,11 @@ func New(st store.Store, opts Options) (*Engine, error) {
 	if e.compactAt == 0 {
 		e.compactAt = compactMinSegments
 	}
+	// Below 4, the segments one compaction itself leaves (data, lines,
+	// trees) would trigger the next: every idle checkpoint would commit.
+	if e.compactAt > 0 && e.compactAt < 4 {
+		e.compactAt = 4
+	}
 	return e, nil
 }
 
@@ -224,7 +229,7 @@ const maxWalkEntries = 50_000_000
 // walk visits the whole tree under root, depth first, parents first. It
 // reads each tree blob once and verifies it; onDir may be nil.
 func (e *Engine) walk(ctx context.Context, root segments.Ref, fn walkFn, onDir dirFn) error {
-	return e.walkVia(ctx, newTreeCache(e.st), root, fn, onDir)
+	return e.walkVia(ctx, newTreeCache(e.st, nil), root, fn, onDir)
 }
 
 // walkVia is walk reading trees through g.

@@ -23,13 +23,18 @@ const treeCacheBytes = 64 << 20
 // segment instead of one per directory and chunk-list page, and restore
 // knows those segments are intact without reading them again.
 type treeCache struct {
-	st    segments.Getter
-	segs  map[string][]byte // by object key
-	bytes int64
+	st     segments.Getter
+	sizes  map[segments.ID]int64 // known segment sizes, may be nil
+	segs   map[string][]byte     // by object key
+	tooBig map[string]bool       // read by ranges: past the bound
+	bytes  int64
 }
 
-func newTreeCache(st segments.Getter) *treeCache {
-	return &treeCache{st: st, segs: map[string][]byte{}}
+// newTreeCache reads through st; sizes, if known (restore and verify stat
+// every segment first), keep a segment that would pass the bound from being
+// fetched whole at all.
+func newTreeCache(st segments.Getter, sizes map[segments.ID]int64) *treeCache {
+	return &treeCache{st: st, sizes: sizes, segs: map[string][]byte{}, tooBig: map[string]bool{}}
 }
 
 // verified reports whether the cache read seg whole and found it intact.
@@ -41,24 +46,26 @@ func (c *treeCache) verified(seg segments.ID) bool {
 func (c *treeCache) Get(ctx context.Context, key string, off, length int64) (io.ReadCloser, error) {
 	data, ok := c.segs[key]
 	if !ok {
-		if c.bytes >= treeCacheBytes {
+		seg, err := segments.ParseID(key[strings.LastIndexByte(key, '/')+1:])
+		if err != nil || c.tooBig[key] {
 			return c.st.Get(ctx, key, off, length)
 		}
-		seg, err := segments.ParseID(key[strings.LastIndexByte(key, '/')+1:])
-		if err != nil {
+		if size, known := c.sizes[seg]; known && c.bytes+size > treeCacheBytes {
+			c.tooBig[key] = true
 			return c.st.Get(ctx, key, off, length)
 		}
 		body, err := c.st.Get(ctx, key, 0, -1)
 		if err != nil {
 			return nil, err
 		}
-		data, err = io.ReadAll(io.LimitReader(body, treeCacheBytes+1))
+		data, err = io.ReadAll(io.LimitReader(body, treeCacheBytes-c.bytes+1))
 		body.Close()
 		if err != nil {
 			return nil, fmt.Errorf("read segment %s: %w", seg, err)
 		}
-		if int64(len(data)) > treeCacheBytes {
-			return c.st.Get(ctx, key, off, length) // too big to keep
+		if c.bytes+int64(len(data)) > treeCacheBytes {
+			c.tooBig[key] = true // size unknown until now: never fetched whole again
+			return c.st.Get(ctx, key, off, length)
 		}
 		if segments.ID(sha256.Sum256(data)) != seg {
 			return nil, fmt.Errorf("segment %s: content hashes to another id: %w", seg, segments.ErrCorrupt)
