@@ -158,7 +158,8 @@ exist but none verifies.`,
 				}
 				if res != nil {
 					results = append(results, res)
-					if !g.jsonOut {
+					// A restore that chose no checkpoint has nothing to describe.
+					if !g.jsonOut && (err == nil || res.Seq != 0) {
 						fmt.Fprintln(cmd.OutOrStdout(), describeRestore(res))
 					}
 				}
