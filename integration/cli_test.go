@@ -103,6 +103,8 @@ type checkpointOut struct {
 	FilesChanged  int    `json:"files_changed"`
 	BytesUploaded int64  `json:"bytes_uploaded"`
 	Requests      int64  `json:"requests"`
+	// SegmentsCompacted: segments the checkpoint's compaction retired.
+	SegmentsCompacted int `json:"segments_compacted"`
 }
 
 type restoreOut struct {

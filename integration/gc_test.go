@@ -79,6 +79,8 @@ type gcTree struct {
 	mu      sync.Mutex
 	snaps   map[uint64]map[string]testutil.Node
 	last    uint64
+	// compacted counts the segments the writer's compactions retired.
+	compacted int
 }
 
 func newGCTree(t testing.TB, storeURL string, env []string, lineage string, seed uint64) *gcTree {
@@ -121,6 +123,7 @@ func (g *gcTree) checkpoint() {
 		snap := testutil.Snapshot(g.t, g.dir)
 		g.mu.Lock()
 		g.snaps[out.Seq], g.last = snap, out.Seq
+		g.compacted += out.SegmentsCompacted
 		g.mu.Unlock()
 	}
 }
@@ -338,12 +341,16 @@ func TestGCWithConcurrentCheckpoints(t *testing.T) {
 		marked += r.SegmentsMarked
 		reclaimed += r.BytesReclaimed
 	}
-	commits := 0
+	commits, compacted := 0, 0
 	for _, g := range trees {
 		commits += len(g.snaps)
+		compacted += g.compacted
 	}
-	t.Logf("%d checkpoints committed; %d gc runs marked %d and swept %d segments (%s) while they ran; %d completeness checks",
-		commits, runs, marked, swept, fmtBytes(reclaimed), checks)
+	t.Logf("%d checkpoints committed, compacting %d segments; %d gc runs marked %d and swept %d segments (%s) while they ran; %d completeness checks",
+		commits, compacted, runs, marked, swept, fmtBytes(reclaimed), checks)
+	if compacted == 0 {
+		t.Fatal("no checkpoint compacted: the test does not show compaction racing GC")
+	}
 	if runs < 5 || swept == 0 || reclaimed == 0 {
 		t.Fatalf("gc loop: %d runs, %d segments swept, %d bytes reclaimed\n%s", runs, swept, reclaimed, loopErr.String())
 	}
