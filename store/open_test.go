@@ -144,6 +144,11 @@ func TestOptionsFromEnv(t *testing.T) {
 			store.Options{AccessKeyID: "MINE", SecretAccessKey: "my-" + secret},
 		},
 		{
+			"a private token alone selects the private set",
+			map[string]string{"AWS_ACCESS_KEY_ID": "AKID", "AWS_SECRET_ACCESS_KEY": secret, "AGENTSTATE_S3_SESSION_TOKEN": "mine"},
+			store.Options{SessionToken: "mine"},
+		},
+		{
 			"fallbacks",
 			map[string]string{"AWS_ENDPOINT_URL": "http://generic:9000", "AWS_DEFAULT_REGION": "us-west-2", "AWS_EC2_METADATA_DISABLED": "false"},
 			store.Options{Endpoint: "http://generic:9000", Region: "us-west-2"},
@@ -202,6 +207,7 @@ func TestOpenCredentials(t *testing.T) {
 		{name: "static", mod: func(o *store.Options) { o.AccessKeyID, o.SecretAccessKey = "AKID", secret }, succeeds: true},
 		{name: "key without secret", mod: func(o *store.Options) { o.AccessKeyID = "AKID" }, errHas: "no secret access key: set AWS_SECRET_ACCESS_KEY"},
 		{name: "secret without key", mod: func(o *store.Options) { o.SecretAccessKey = secret }, errHas: "no access key id: set AWS_ACCESS_KEY_ID"},
+		{name: "token without keys", mod: func(o *store.Options) { o.SessionToken = "tok" }, errHas: "session token is set without"},
 		{name: "credentials file", mod: func(o *store.Options) { o.CredentialsFile = credFile }, succeeds: true},
 		{name: "missing profile", mod: func(o *store.Options) { o.CredentialsFile, o.Profile = credFile, "nope" }, noCreds: true, errHas: `"nope"`},
 		{name: "partial profile", mod: func(o *store.Options) { o.CredentialsFile, o.Profile = credFile, "broken" }, noCreds: true},

@@ -116,7 +116,7 @@ func OptionsFromEnv(getenv func(string) string) Options {
 		return ""
 	}
 	keys := []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
-	if getenv(PrivateCredentialVars[0]) != "" || getenv(PrivateCredentialVars[1]) != "" {
+	if getenv(PrivateCredentialVars[0]) != "" || getenv(PrivateCredentialVars[1]) != "" || getenv(PrivateCredentialVars[2]) != "" {
 		keys = PrivateCredentialVars // never half of one set and half of the other
 	}
 	return Options{
@@ -317,9 +317,11 @@ func resolveCredentials(ctx context.Context, opts Options) (*credentials.Credent
 	case opts.AccessKeyID != "" && opts.SecretAccessKey != "":
 		return credentials.NewStaticV4(opts.AccessKeyID, opts.SecretAccessKey, opts.SessionToken), nil
 	case opts.AccessKeyID != "":
-		return nil, errors.New("an access key id is set but no secret access key: set AWS_SECRET_ACCESS_KEY (or AGENTSTATE_S3_SECRET_ACCESS_KEY with AGENTSTATE_S3_ACCESS_KEY_ID)")
+		return nil, errors.New("an access key id is set but no secret access key: set AWS_SECRET_ACCESS_KEY, or AGENTSTATE_S3_SECRET_ACCESS_KEY if any AGENTSTATE_S3_ variable is set")
 	case opts.SecretAccessKey != "":
-		return nil, errors.New("a secret access key is set but no access key id: set AWS_ACCESS_KEY_ID (or AGENTSTATE_S3_ACCESS_KEY_ID with AGENTSTATE_S3_SECRET_ACCESS_KEY)")
+		return nil, errors.New("a secret access key is set but no access key id: set AWS_ACCESS_KEY_ID, or AGENTSTATE_S3_ACCESS_KEY_ID if any AGENTSTATE_S3_ variable is set")
+	case opts.SessionToken != "":
+		return nil, errors.New("a session token is set without an access key id and secret: set both (AGENTSTATE_S3_ACCESS_KEY_ID and AGENTSTATE_S3_SECRET_ACCESS_KEY with AGENTSTATE_S3_SESSION_TOKEN)")
 	}
 	cc := &credentials.CredContext{Client: &http.Client{Timeout: credentialTimeout}, Context: ctx}
 	file := &credentials.FileAWSCredentials{Filename: opts.CredentialsFile, Profile: opts.Profile}
