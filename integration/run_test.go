@@ -221,11 +221,13 @@ func TestRunMetricsAndStatus(t *testing.T) {
 }
 
 // TestRunKeepsPrivateCredentialsFromTheHarness: with the bucket's keys as
-// AGENTSTATE_S3_*, run checkpoints with them, and the harness's
-// environment holds neither them nor AWS keys it was not given.
+// AGENTSTATE_S3_*, run checkpoints with them, and the harness finds them
+// neither in its environment nor in run's, through /proc/$PPID/environ.
+// run and the harness run as one non-root user (nobody, when the test runs
+// as root: root may read any process).
 func TestRunKeepsPrivateCredentialsFromTheHarness(t *testing.T) {
 	storeURL, env := newBucket(t)
-	var private []string
+	private := []string{"HOME=/nonexistent"}
 	var secret string
 	for _, kv := range env {
 		name, value, _ := strings.Cut(kv, "=")
@@ -242,18 +244,41 @@ func TestRunKeepsPrivateCredentialsFromTheHarness(t *testing.T) {
 	if secret == "" {
 		t.Fatal("the bucket's env has no secret key")
 	}
-	dir := t.TempDir()
-	c := newCLI(t, storeURL, private)
-	out := filepath.Join(t.TempDir(), "child-env")
-	os.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o600)
-	cmd, logs := c.runCmd(dir, nil, "sh", "-c", `env > "$0"`, out)
+	base, err := os.MkdirTemp("", "agentstate-creds-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	bin, err := os.ReadFile(agentstateBin(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(base, "agentstate"), bin, 0o755)
+	for _, d := range []string{"dir", "state", "out"} {
+		os.Mkdir(filepath.Join(base, d), 0o700)
+	}
+	os.WriteFile(filepath.Join(base, "dir", "f"), []byte("x"), 0o600)
+	var cred *syscall.Credential
+	if os.Getuid() == 0 {
+		cred = &syscall.Credential{Uid: 65534, Gid: 65534}
+		os.Chmod(base, 0o755)
+		filepath.Walk(base, func(p string, _ os.FileInfo, _ error) error { return os.Lchown(p, 65534, 65534) })
+	}
+	out := filepath.Join(base, "out")
+	cmd := exec.Command(filepath.Join(base, "agentstate"), "--store", storeURL, "--state-dir", filepath.Join(base, "state"),
+		"run", "--lineage", "app", "--dir", filepath.Join(base, "dir"), "--",
+		"sh", "-c", `env > "$0/env"; cat /proc/$PPID/environ > "$0/parent" 2>&1; true`, out)
+	cmd.Env = append(withoutAWS(os.Environ()), private...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	logs := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	if code := exitStatus(waitTimeout(cmd, time.Minute)); code != 0 {
 		t.Fatalf("run exited %d\n%s", code, logs)
 	}
-	childEnv, err := os.ReadFile(out)
+	childEnv, err := os.ReadFile(filepath.Join(out, "env"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +288,22 @@ func TestRunKeepsPrivateCredentialsFromTheHarness(t *testing.T) {
 	if !bytes.Contains(childEnv, []byte("AWS_REGION=")) {
 		t.Fatalf("the harness lost the rest of the environment:\n%s", childEnv)
 	}
+	parentEnv, _ := os.ReadFile(filepath.Join(out, "parent"))
+	if bytes.Contains(parentEnv, []byte(secret)) {
+		t.Fatal("the harness read the bucket's credentials from /proc/$PPID/environ")
+	}
 	if got := restoredFile(t, newCLI(t, storeURL, env), "f"); string(got) != "x" {
 		t.Fatalf("the final checkpoint with the private keys holds %q\n%s", got, logs)
 	}
+}
+
+// withoutAWS drops AWS_ variables, so only the test's own reach a command.
+func withoutAWS(environ []string) []string {
+	var out []string
+	for _, kv := range environ {
+		if !strings.HasPrefix(kv, "AWS_") {
+			out = append(out, kv)
+		}
+	}
+	return out
 }

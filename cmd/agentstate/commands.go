@@ -120,8 +120,9 @@ or through a symlink. An empty lineage is not an error: it is a first start.
 Paths deleted from the tree stay in the checkpoints for --keep-deleted (7 days
 by default) and are not restored unless asked: --include-deleted brings them
 all back with the tree, --path brings back one path (a file, or a directory
-with everything below it), deleted or not, and touches nothing else. See them
-with 'agentstate ls --deleted'.
+with everything below it), deleted or not, and changes nothing else (missing
+parent directories are created; existing ones keep their mode and mtime, but
+for the entry added to them). See them with 'agentstate ls --deleted'.
 
 Exit code 4 names every path that could not be written; 5 means manifests
 exist but none verifies.`,

@@ -35,8 +35,8 @@ S3 settings come from flags or the standard variables: AWS_ENDPOINT_URL_S3 or
 AWS_ENDPOINT_URL (e.g. http://127.0.0.1:9000 for MinIO), AWS_REGION,
 AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_PROFILE
 with the shared credentials file, or an IAM role. AGENTSTATE_S3_ACCESS_KEY_ID /
-AGENTSTATE_S3_SECRET_ACCESS_KEY / AGENTSTATE_S3_SESSION_TOKEN, if set, win over
-the AWS_* keys, and 'agentstate run' never passes them on to the harness. agentstate refuses to run
+AGENTSTATE_S3_SECRET_ACCESS_KEY / AGENTSTATE_S3_SESSION_TOKEN: if any is set,
+these are the keys (not AWS_*), and 'agentstate run' keeps them from the harness. agentstate refuses to run
 without credentials unless --s3-anonymous is given.
 
 Exit codes:

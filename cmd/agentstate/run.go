@@ -52,9 +52,11 @@ An ungraceful stop (SIGKILL, power loss) loses at most one interval.
 
 The harness gets run's environment, except agentstate's private store
 credentials: give the bucket's keys as AGENTSTATE_S3_ACCESS_KEY_ID and
-AGENTSTATE_S3_SECRET_ACCESS_KEY (and AGENTSTATE_S3_SESSION_TOKEN) and the agent
-cannot read them; AWS_* variables are passed on for a harness that needs AWS
-itself (e.g. Bedrock).`,
+AGENTSTATE_S3_SECRET_ACCESS_KEY (and AGENTSTATE_S3_SESSION_TOKEN) and they are
+neither in the harness's environment nor readable from run's (run is not
+dumpable, so /proc/<run's pid> is closed to a harness of the same non-root
+user; a harness running as root can read any process). AWS_* variables are
+passed on, for a harness that needs AWS itself (e.g. Bedrock).`,
 		Example: `  AM_LOCAL=/am AGENTSTATE_STORE=s3://agents/prod agentstate run -- claude-server --port 8080
   agentstate run --adapter opencode --metrics-addr :9090 -- opencode serve
   agentstate run --lineage notes --dir /data/notes --checkpoint-policy manual -- ./app`,

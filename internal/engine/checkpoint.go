@@ -625,7 +625,7 @@ func (r *checkpointRun) transcript(c *node, path string, fi os.FileInfo) error {
 			start = old.Shipped
 		}
 	}
-	if had && old.Format == manifest.FormatLines && old.Ino == 0 && old.Shipped > 0 && size >= old.Shipped &&
+	if start == 0 && had && old.Format == manifest.FormatLines && old.Ino == 0 && old.Shipped > 0 && size >= old.Shipped &&
 		samePrefix(f, old.Content) {
 		// An index rebuilt from the store knows no inode or tail hash, but
 		// it knows every stored piece's id: a prefix that hashes to them is

@@ -47,7 +47,7 @@ func (c *treeCache) Get(ctx context.Context, key string, off, length int64) (io.
 	data, ok := c.segs[key]
 	if !ok {
 		seg, err := segments.ParseID(key[strings.LastIndexByte(key, '/')+1:])
-		if err != nil || c.tooBig[key] {
+		if err != nil || c.tooBig[key] || c.bytes >= treeCacheBytes {
 			return c.st.Get(ctx, key, off, length)
 		}
 		if size, known := c.sizes[seg]; known && c.bytes+size > treeCacheBytes {

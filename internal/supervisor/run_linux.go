@@ -69,6 +69,12 @@ func Run(ctx context.Context, cp Checkpointer, opts Options) (exitCode int, err 
 		s.sigs = ch
 	}
 	name := o.Command[0]
+	// The child runs as our user: without this it could read our
+	// environment and memory (store credentials) through /proc/<pid>. The
+	// flag does not pass to the child, which is dumpable again at exec.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		s.log.Warn("cannot make the supervisor non-dumpable; the harness may read its environment through /proc", "err", err)
+	}
 
 	t0 := time.Now()
 	stop, err := s.restore(ctx)

@@ -44,6 +44,10 @@
 //   - Before every restart and before the final checkpoint, what is left of the
 //     child's process group gets SIGTERM, then SIGKILL after Grace, so a
 //     restarted harness never runs beside leftovers of the previous one.
+//   - The supervisor makes itself non-dumpable (PR_SET_DUMPABLE=0), so a child
+//     running as the same user cannot read its environment or memory through
+//     /proc/<pid> (a root child still can: run the harness as another user
+//     for that).
 //   - The child gets PR_SET_PDEATHSIG=SIGKILL: if the supervisor dies (SIGKILL,
 //     crash) outside a container, the harness dies too rather than running on
 //     unsupervised beside a future second instance.
