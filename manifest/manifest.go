@@ -48,6 +48,11 @@ type Manifest struct {
 	// Segments is every segment the tree needs, sorted: GC keeps exactly
 	// these alive, restore checks them first.
 	Segments []segments.ID `json:"segments"`
+	// Compacts, when set, is the parent's sequence: this manifest holds
+	// the same tree as its parent, re-packed into fewer segments by GC for
+	// a lineage whose writer was idle. A writer that meets it when
+	// committing on that parent commits after it instead (see engine).
+	Compacts uint64 `json:"compacts,omitempty"`
 }
 
 // Totals summarises the tree for `ls` and status output.
@@ -84,6 +89,8 @@ func (m *Manifest) Validate() error {
 		return fmt.Errorf("%w: root: %v", ErrInvalid, validRef(m.Root))
 	case m.Totals.Files < 0 || m.Totals.Dirs < 0 || m.Totals.Symlinks < 0 || m.Totals.Bytes < 0:
 		return fmt.Errorf("%w: negative totals", ErrInvalid)
+	case m.Compacts != 0 && m.Compacts != m.Parent:
+		return fmt.Errorf("%w: compacts sequence %d, not its parent %d", ErrInvalid, m.Compacts, m.Parent)
 	}
 	for i := 1; i < len(m.Segments); i++ {
 		if bytes.Compare(m.Segments[i-1][:], m.Segments[i][:]) >= 0 {

@@ -299,20 +299,29 @@ func (e *Engine) Status(lineage string) (Status, error) {
 	return e.state.loadStatus(lineage), nil
 }
 
-// commit writes m; a conflict with a manifest our own writer committed (we
-// crashed after the commit, before saving the index) is not another writer:
-// build on it and commit the next sequence once.
+// commit writes m. Two conflicts are not another writer, and m is
+// committed at the next sequence once instead: a manifest our own writer
+// committed (we crashed after the commit, before saving the index), and a
+// GC compaction of our parent (the same tree re-packed while we were idle;
+// m stands on its own, listing every segment its tree needs).
 func (e *Engine) commit(ctx context.Context, m *manifest.Manifest, writer string) error {
 	err := manifest.Commit(ctx, e.st, m)
 	if !errors.Is(err, manifest.ErrConflict) {
 		return err
 	}
 	other, lerr := manifest.Load(ctx, e.st, m.Lineage, m.Seq)
-	if lerr != nil || other.Writer != writer {
+	switch {
+	case lerr != nil:
 		return err
+	case other.Compacts != 0 && other.Compacts == m.Parent:
+		e.log.Info("GC compacted the checkpoint this one builds on; committing after it",
+			"lineage", m.Lineage, "seq", m.Seq+1)
+	case other.Writer != writer:
+		return err
+	default:
+		e.log.Info("sequence already committed by this writer before a crash; committing the next one",
+			"lineage", m.Lineage, "seq", m.Seq)
 	}
-	e.log.Info("sequence already committed by this writer before a crash; committing the next one",
-		"lineage", m.Lineage, "seq", m.Seq)
 	m.Parent, m.Seq = m.Seq, m.Seq+1
 	return manifest.Commit(ctx, e.st, m)
 }

@@ -2,8 +2,12 @@ package engine
 
 import (
 	"cmp"
+	"context"
+	"errors"
 	"fmt"
+	"path"
 	"slices"
+	"time"
 
 	"github.com/agentstate/agentstate/manifest"
 	"github.com/agentstate/agentstate/segments"
@@ -216,4 +220,133 @@ func (r *checkpointRun) compact(segSize int64) error {
 	r.e.log.Info("compacting segments", "lineage", r.opts.Lineage,
 		"segments", len(retired), "bytes_copied", copied, "tier", top)
 	return nil
+}
+
+// CompactorWriter is the writer name of manifests CompactStored commits.
+const CompactorWriter = "gc-compaction"
+
+// CompactStored compacts the lineage's checkpoint seq from the store
+// alone, for a lineage whose writer is gone (GC calls it for lineages idle
+// longer than its window): the same tree is re-packed by the rule above
+// and committed as seq+1 with Compacts set, through the normal create-only
+// commit. It does nothing (Committed false) if seq is no longer the newest,
+// if too few segments are candidates, or if a writer committed first; a
+// writer that meets the compaction rebases onto it (see commit).
+func (e *Engine) CompactStored(ctx context.Context, lineage string, seq uint64) (*CheckpointResult, error) {
+	start := time.Now()
+	before := e.st.Stats().Requests()
+	res := &CheckpointResult{Lineage: lineage, Seq: seq}
+	defer func() { res.Requests, res.Duration = e.st.Stats().Requests()-before, time.Since(start) }()
+	seqs, err := manifest.Sequences(ctx, e.st, lineage)
+	if err != nil || len(seqs) == 0 || seqs[0] != seq {
+		return res, err // a writer committed since: it compacts itself
+	}
+	m, err := manifest.Load(ctx, e.st, lineage, seq)
+	if err != nil {
+		return res, fmt.Errorf("compact %q seq %d: %w", lineage, seq, err)
+	}
+	if e.compactAt < 0 || len(m.Segments) < e.compactAt {
+		return res, nil // cannot reach the trigger: no tree walk
+	}
+	cfg, err := e.config(ctx, false)
+	if err != nil {
+		return res, err
+	}
+	ix := newIndex(e.st.String(), lineage, "")
+	ix.Seq, ix.Base, ix.Root = m.Seq, m.Seq, m.Root
+	root := &node{typ: manifest.TypeDir}
+	nodes := map[string]*node{"": root}
+	err = e.walk(ctx, m.Root, func(rel string, en *manifest.Entry) error {
+		parent := nodes[path.Dir(rel)]
+		if path.Dir(rel) == "." {
+			parent = root
+		}
+		if parent == nil {
+			return fmt.Errorf("%w: %q has no parent directory", manifest.ErrInvalid, rel)
+		}
+		c := &node{name: en.Name, rel: rel, typ: en.Type, mode: en.Mode, mtime: en.MTime,
+			target: en.Target, format: en.Format, deleted: en.Deleted}
+		switch en.Type {
+		case manifest.TypeDir:
+			nodes[rel] = c
+		default:
+			st := fileState{Type: en.Type, Mode: en.Mode, Size: en.Size, MTime: en.MTime, Target: en.Target,
+				Content: slices.Clone(en.Content), Chunks: en.Chunks, Pages: en.Pages, Format: en.Format,
+				Shipped: en.Size, Deleted: en.Deleted}
+			ix.Files[rel] = st
+			c.state = st
+		}
+		parent.children = append(parent.children, c)
+		return nil
+	}, func(rel string, ref segments.Ref, key segments.ID) {
+		ix.Dirs[rel] = dirState{Tree: ref, Key: key}
+	})
+	if err != nil {
+		return res, fmt.Errorf("compact %q seq %d: read its tree: %w", lineage, seq, err)
+	}
+	r := &checkpointRun{e: e, ctx: ctx, opts: CheckpointOptions{Lineage: lineage}, ix: ix,
+		pending: map[segments.ID]*segments.Pending{}, params: e.chunkParams(cfg), started: start, res: res}
+	r.up = segments.NewUploader(e.st, e.par, e.log)
+	r.data = segments.NewPacker(r.up, segments.KindData, cfg.SegmentSize)
+	r.trees = segments.NewPacker(r.up, segments.KindTree, cfg.SegmentSize)
+	r.lines = segments.NewPacker(r.up, segments.KindLines, cfg.SegmentSize)
+	if err := r.compact(cfg.SegmentSize); err != nil {
+		return res, err
+	}
+	if res.SegmentsCompacted == 0 {
+		return res, r.up.Wait()
+	}
+	if len(ix.Files) != countFiles(root) {
+		// compact dropped the files of an unreadable segment: without the
+		// local tree there is nothing to read them from again.
+		r.up.Wait()
+		return res, fmt.Errorf("compact %q seq %d: a segment is unreadable; run 'agentstate verify'", lineage, seq)
+	}
+	r.known = ix.known()
+	var fill func(n *node)
+	fill = func(n *node) {
+		for _, c := range n.children {
+			switch c.typ {
+			case manifest.TypeDir:
+				fill(c)
+			case manifest.TypeFile:
+				st := ix.Files[c.rel]
+				c.state = st
+				r.reuse(c, st)
+			}
+		}
+	}
+	fill(root)
+	r.buildTree(root)
+	r.trees.Flush(ctx)
+	if err := r.up.Wait(); err != nil {
+		return res, fmt.Errorf("compact %q seq %d: upload segments (no manifest committed): %w", lineage, seq, err)
+	}
+	_, _, segs, totals := r.collect(root)
+	st := r.up.Stats()
+	res.SegmentsUploaded, res.BytesUploaded = int(st.Segments), st.Bytes
+	next := &manifest.Manifest{Version: manifest.Version, Lineage: lineage, Seq: m.Seq + 1, Parent: m.Seq,
+		Time: e.now().UTC(), Writer: CompactorWriter, Root: root.tree.get(), Totals: totals, Segments: segs,
+		Compacts: m.Seq}
+	if err := manifest.Commit(ctx, e.st, next); err != nil {
+		if errors.Is(err, manifest.ErrConflict) {
+			e.log.Info("a writer committed first; not compacting", "lineage", lineage, "seq", next.Seq)
+			return res, nil
+		}
+		return res, fmt.Errorf("compact %q: commit seq %d: %w", lineage, next.Seq, err)
+	}
+	res.Seq, res.Committed = next.Seq, true
+	return res, nil
+}
+
+func countFiles(n *node) int {
+	k := 0
+	for _, c := range n.children {
+		if c.typ == manifest.TypeDir {
+			k += countFiles(c)
+		} else {
+			k++
+		}
+	}
+	return k
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -132,5 +133,63 @@ func TestCompactionHealsAMissingSegment(t *testing.T) {
 	if _, err := f.engine(filepath.Join(f.root, "state2")).Restore(context.Background(), RestoreOptions{Lineage: "test", Dir: dst}); err != nil {
 		t.Fatal(err)
 	}
+	testutil.CompareTrees(t, testutil.Snapshot(t, src), testutil.Snapshot(t, dst))
+}
+
+// GC compacts an idle lineage from the store alone, keeping the tree and
+// its tombstones exactly, and the writer that comes back commits after the
+// compaction instead of failing as a concurrent writer.
+func TestCompactStoredAndWriterRebase(t *testing.T) {
+	f := newFixture(t)
+	writer, err := New(f.st, Options{StateDir: f.state, CompactAt: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := filepath.Join(f.root, "src")
+	os.MkdirAll(filepath.Join(src, "d"), 0o700)
+	for i := range 24 {
+		os.WriteFile(filepath.Join(src, "d", fmt.Sprintf("f%02d", i)), []byte(strings.Repeat(fmt.Sprint(i), 50)), 0o600)
+		if i == 10 {
+			os.Symlink("f01", filepath.Join(src, "d", "link"))
+		}
+		if i == 20 {
+			os.Remove(filepath.Join(src, "d", "f03"))
+		}
+		f.checkpoint(writer, src)
+	}
+	seqs, _ := manifest.Sequences(context.Background(), f.st, "test")
+	old, _ := manifest.Load(context.Background(), f.st, "test", seqs[0])
+	wantDeleted := deletedPaths(t, writer)
+
+	gcEngine := f.engine(filepath.Join(f.root, "gc-state"))
+	res, err := gcEngine.CompactStored(context.Background(), "test", old.Seq)
+	if err != nil || !res.Committed || res.Seq != old.Seq+1 {
+		t.Fatalf("compact stored: %+v, %v", res, err)
+	}
+	m, _ := manifest.Load(context.Background(), f.st, "test", res.Seq)
+	if m.Compacts != old.Seq || m.Writer != CompactorWriter || len(m.Segments) >= len(old.Segments)/2 || m.Totals != old.Totals {
+		t.Fatalf("compacted manifest: %d segments (was %d), totals %+v (was %+v), compacts %d",
+			len(m.Segments), len(old.Segments), m.Totals, old.Totals, m.Compacts)
+	}
+	if _, err := gcEngine.Verify(context.Background(), "test", m.Seq); err != nil {
+		t.Fatal(err)
+	}
+	dst, _ := restoreTo(t, f, "after-gc", RestoreOptions{})
+	testutil.CompareTrees(t, testutil.Snapshot(t, src), testutil.Snapshot(t, dst))
+	if got := deletedPaths(t, writer); !slices.Equal(got, wantDeleted) || len(got) != 1 {
+		t.Fatalf("tombstones after compaction %v, want %v", got, wantDeleted)
+	}
+	// Compacting an older sequence is refused by the commit, quietly.
+	if res, err := gcEngine.CompactStored(context.Background(), "test", old.Seq-1); err != nil || res.Committed {
+		t.Fatalf("compact of an old sequence: %+v, %v", res, err)
+	}
+
+	// The writer comes back: its commit on old.Seq meets the compaction.
+	os.WriteFile(filepath.Join(src, "d", "f00"), []byte("changed"), 0o600)
+	wres := f.checkpoint(writer, src)
+	if !wres.Committed || wres.Seq != m.Seq+1 {
+		t.Fatalf("writer after a compaction: %+v", wres)
+	}
+	dst, _ = restoreTo(t, f, "after-writer", RestoreOptions{})
 	testutil.CompareTrees(t, testutil.Snapshot(t, src), testutil.Snapshot(t, dst))
 }
