@@ -50,6 +50,8 @@ type gcReport struct {
 	ManifestsMarked   int    `json:"manifests_marked"`
 	SegmentsMarked    int    `json:"segments_marked"`
 	TombstonesWritten int    `json:"tombstones_written"`
+	LineagesCompacted int    `json:"lineages_compacted"`
+	SegmentsCompacted int    `json:"segments_compacted"`
 	Requests          struct {
 		Total   int64 `json:"total"`
 		Puts    int64 `json:"puts"`
@@ -612,4 +614,55 @@ func TestGCForgetCLI(t *testing.T) {
 	if out, _, code := c.run("gc", "--help"); code != 0 || !strings.Contains(out, "--dry-run") || !strings.Contains(out, "Examples:") {
 		t.Fatalf("gc --help: exit %d\n%s", code, out)
 	}
+}
+
+// TestGCCompactsIdleLineage: a lineage whose writer went away with a
+// fragmented newest checkpoint is compacted by GC once it is idle past
+// --compact-idle; the tree restores as it was, the writer that comes back
+// commits after the compaction (no exit 3), and GC then reclaims the old
+// segments.
+func TestGCCompactsIdleLineage(t *testing.T) {
+	storeURL, env := newBucket(t)
+	st := openS3(t, storeURL)
+	c := newCLI(t, storeURL, env)
+	src := t.TempDir()
+	// 15 checkpoints of one new small file each: 15 small data segments
+	// and a tree segment, one short of what makes the writer compact.
+	for i := range 15 {
+		os.WriteFile(filepath.Join(src, fmt.Sprintf("f%02d", i)), []byte(strings.Repeat(fmt.Sprint(i), 64)), 0o600)
+		c.checkpoint("idle", src)
+	}
+	want := testutil.Snapshot(t, src)
+	seqs, _ := manifest.Sequences(context.Background(), st, "idle")
+	before, _ := manifest.Load(context.Background(), st, "idle", seqs[0])
+
+	if r := c.gc("--compact-idle", "1h"); r.LineagesCompacted != 0 {
+		t.Fatalf("gc compacted a lineage that is not idle: %+v", r)
+	}
+	time.Sleep(2500 * time.Millisecond)
+	r := c.gc("--compact-idle", "2s")
+	if r.LineagesCompacted != 1 || r.SegmentsCompacted < 15 {
+		t.Fatalf("gc of an idle lineage: %+v", r)
+	}
+	seqs, _ = manifest.Sequences(context.Background(), st, "idle")
+	after, _ := manifest.Load(context.Background(), st, "idle", seqs[0])
+	if after.Seq != before.Seq+1 || after.Compacts != before.Seq || len(after.Segments) > 3 {
+		t.Fatalf("compacted manifest: seq %d compacts %d, %d segments (was %d)", after.Seq, after.Compacts, len(after.Segments), len(before.Segments))
+	}
+	dst := filepath.Join(t.TempDir(), "dst")
+	if res := newCLI(t, storeURL, env).restore("idle", dst); res.Seq != after.Seq {
+		t.Fatalf("restore took seq %d, want the compacted %d", res.Seq, after.Seq)
+	}
+	testutil.CompareTrees(t, want, testutil.Snapshot(t, dst))
+
+	// The writer comes back and commits after the compaction.
+	os.WriteFile(filepath.Join(src, "f00"), []byte("changed"), 0o600)
+	if out := c.checkpoint("idle", src); !out.Committed || out.Seq != after.Seq+1 {
+		t.Fatalf("writer after GC's compaction: %+v", out)
+	}
+	gcFinish(t, c)
+	gcRequireClean(t, st)
+	dst = filepath.Join(t.TempDir(), "dst2")
+	newCLI(t, storeURL, env).restore("idle", dst)
+	testutil.CompareTrees(t, testutil.Snapshot(t, src), testutil.Snapshot(t, dst))
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
 
@@ -73,10 +74,12 @@ Without it, it runs once (for cron or a Kubernetes CronJob).
 --dry-run writes and deletes nothing, not even the lease, and reports what a
 run would sweep and mark (ages then use the local clock).
 
-Compaction is not gc's job: each lineage's writer compacts at checkpoint time
-(small or mostly dead segments are merged into fresh ones), because only the
-writer may commit to its lineage. The segments it retires become garbage here
-once no retained checkpoint lists them. Deleted paths are kept in checkpoints
+Compaction: each lineage's writer compacts at checkpoint time (small or
+mostly dead segments are merged into fresh ones), because only the writer may
+commit to its lineage. gc compacts only a lineage whose newest checkpoint is
+older than --compact-idle (24 h): its writer is gone. It commits the same tree,
+re-packed, as the next checkpoint; a writer that comes back commits after it.
+Retired segments become garbage here once no retained checkpoint lists them. Deleted paths are kept in checkpoints
 for the writer's --keep-deleted window, and their bytes are reclaimed here
 after that.
 
@@ -86,7 +89,7 @@ Exit codes: 0 done; 1 error, or another GC holds the lease; 2 usage;
 func newGCCmd(g *globalFlags) *cobra.Command {
 	var pf policyFlags
 	var dryRun bool
-	var grace, every, leaseTTL time.Duration
+	var grace, every, leaseTTL, compactIdle time.Duration
 	cmd := &cobra.Command{
 		Use:   "gc [--dry-run] [--grace D] [--every D] [--keep-last N] [--keep-hourly N] [--keep-daily N]",
 		Short: "Delete retired checkpoints and unreferenced segments (mark, then sweep after a grace period)",
@@ -121,7 +124,23 @@ func newGCCmd(g *globalFlags) *cobra.Command {
 				log.Warn("a grace period this short can delete segments of a checkpoint that is still uploading; use it only for tests", "grace", grace)
 			}
 			opts := gc.Options{Policy: pol, Grace: grace, DryRun: dryRun, LeaseTTL: leaseTTL,
-				Parallel: g.parallel, Logger: log}
+				Parallel: g.parallel, Logger: log, CompactIdle: compactIdle}
+			if compactIdle <= 0 {
+				opts.CompactIdle = -1 // the flag's 0 means never
+			} else {
+				// The engine's state directory only caches the repository
+				// config here: GC compacts from the store alone.
+				tmp, err := os.MkdirTemp("", "agentstate-gc-")
+				if err != nil {
+					return err
+				}
+				defer os.RemoveAll(tmp)
+				e, err := engine.New(st, engine.Options{StateDir: tmp, Parallel: g.parallel, Logger: log})
+				if err != nil {
+					return err
+				}
+				opts.Compactor = engineCompactor{e}
+			}
 			out := cmd.OutOrStdout()
 			if every == 0 {
 				rep, err := gc.Run(cmd.Context(), st, opts)
@@ -140,7 +159,19 @@ func newGCCmd(g *globalFlags) *cobra.Command {
 	cmd.Flags().DurationVar(&grace, "grace", gc.DefaultGrace, "minimum age of a mark, and of everything it deletes, on the store's clock")
 	cmd.Flags().DurationVar(&every, "every", 0, "run every D until SIGTERM (0: run once)")
 	cmd.Flags().DurationVar(&leaseTTL, "lease-ttl", gc.DefaultLeaseTTL, "how long the GC lease lasts unrenewed: a crashed GC blocks the next one at most this long")
+	cmd.Flags().DurationVar(&compactIdle, "compact-idle", gc.DefaultCompactIdle, "compact a lineage whose newest checkpoint is older than this (its writer is gone); 0: never")
 	return cmd
+}
+
+// engineCompactor lets GC compact through the engine.
+type engineCompactor struct{ e *engine.Engine }
+
+func (c engineCompactor) Compact(ctx context.Context, lineage string, seq uint64) (gc.Compaction, error) {
+	res, err := c.e.CompactStored(ctx, lineage, seq)
+	if res == nil || err != nil {
+		return gc.Compaction{}, err
+	}
+	return gc.Compaction{Committed: res.Committed, Segments: res.SegmentsCompacted, Bytes: res.BytesCompacted}, nil
 }
 
 // gcLoop runs GC every interval until ctx is done. A failed run is logged
@@ -218,6 +249,13 @@ func describeGC(r *gc.Report) string {
 	}
 	if r.TombstonesPending > 0 {
 		fmt.Fprintf(&b, "\n  %s still in the grace period", plural(r.TombstonesPending, "tombstone"))
+	}
+	switch {
+	case r.LineagesCompacted > 0:
+		fmt.Fprintf(&b, "\n  compacted %s idle longer than the window: %d segments retired, %s of live blobs copied",
+			plural(r.LineagesCompacted, "lineage"), r.SegmentsCompacted, humanBytes(r.BytesCompacted))
+	case r.CompactSkipped != "":
+		fmt.Fprintf(&b, "\n  compaction of idle lineages: skipped (%s)", r.CompactSkipped)
 	}
 	if r.Unknown > 0 {
 		fmt.Fprintf(&b, "\n  %d objects not in agentstate's format were left alone", r.Unknown)

@@ -61,6 +61,29 @@ type Options struct {
 	// Now is the clock of a dry run only (default time.Now); a real run
 	// always uses the store's clock.
 	Now func() time.Time
+	// Compactor, if set, compacts lineages whose newest manifest is older
+	// than CompactIdle (default DefaultCompactIdle; negative: never): their
+	// writer is gone, so it cannot compact them itself, and GC cannot race
+	// it for a sequence number.
+	Compactor   Compactor
+	CompactIdle time.Duration
+}
+
+// DefaultCompactIdle is how long a lineage has had no commit before GC
+// compacts it.
+const DefaultCompactIdle = 24 * time.Hour
+
+// Compactor re-packs a lineage's checkpoint seq from the store alone and
+// commits the result as seq+1 (engine.Engine.CompactStored does).
+type Compactor interface {
+	Compact(ctx context.Context, lineage string, seq uint64) (Compaction, error)
+}
+
+// Compaction is what one Compactor call did.
+type Compaction struct {
+	Committed bool
+	Segments  int   // retired into fresh ones
+	Bytes     int64 // of live blobs copied
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -90,6 +113,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.CompactIdle == 0 {
+		o.CompactIdle = DefaultCompactIdle
 	}
 	return o, nil
 }
@@ -136,6 +162,14 @@ type Report struct {
 	SegmentsMarked    int    `json:"segments_marked"`
 	BytesMarked       int64  `json:"bytes_marked"`
 	TombstonesWritten int    `json:"tombstones_written"`
+
+	// Compaction of idle lineages (their newest manifest older than
+	// CompactIdle): what was committed; the retired segments are marked by
+	// a later run, once no retained manifest lists them.
+	LineagesCompacted int    `json:"lineages_compacted"`
+	SegmentsCompacted int    `json:"segments_compacted"`
+	BytesCompacted    int64  `json:"bytes_compacted"`
+	CompactSkipped    string `json:"compact_skipped,omitempty"`
 
 	// Unknown counts objects under manifests/, segments/ and tombstones/
 	// that are not in agentstate's format: GC never touches them.
@@ -202,7 +236,9 @@ type run struct {
 	// wouldDelete (dry run only) remembers, by 8-byte prefix, the segments
 	// the sweep would have deleted, so the mark does not count them again.
 	wouldDelete map[[8]byte]struct{}
-	errs        []error
+	// newest holds each lineage's newest manifest, for compaction.
+	newest []store.ObjectInfo
+	errs   []error
 }
 
 type manTomb struct {
@@ -288,10 +324,40 @@ func (r *run) do(ctx context.Context, start time.Time) error {
 		return err
 	}
 	r.rep.Durations.Mark = time.Since(t)
+	r.compactIdle(ctx)
 	if !r.opts.DryRun {
 		r.removeStaleProbes(ctx)
 	}
 	return nil
+}
+
+// compactIdle compacts the lineages whose writer has been idle longer
+// than CompactIdle. A failure is recorded and retried by the next run.
+func (r *run) compactIdle(ctx context.Context) {
+	switch {
+	case r.opts.Compactor == nil || r.opts.CompactIdle < 0:
+		return
+	case r.opts.DryRun:
+		r.rep.CompactSkipped = "dry run"
+		return
+	}
+	for _, o := range r.newest {
+		if r.now.Sub(o.LastModified) < r.opts.CompactIdle {
+			continue
+		}
+		lineage, seq, _ := parseManifestKey(o.Key)
+		c, err := r.opts.Compactor.Compact(ctx, lineage, seq)
+		if err != nil {
+			r.errs = append(r.errs, fmt.Errorf("compact %s: %w", lineage, err))
+			continue
+		}
+		if c.Committed {
+			r.rep.LineagesCompacted++
+			r.rep.SegmentsCompacted += c.Segments
+			r.rep.BytesCompacted += c.Bytes
+			r.log.Info("compacted an idle lineage", "lineage", lineage, "seq", seq+1, "segments", c.Segments)
+		}
+	}
 }
 
 // due reports whether something last modified at lm is older than the
@@ -399,6 +465,9 @@ func (r *run) scan(ctx context.Context) error {
 			o := byseq[d.Seq]
 			r.seen[o.Key] = struct{}{}
 			_, forced := r.forgotten[o.Key]
+			if i == 0 {
+				r.newest = append(r.newest, o)
+			}
 			if i == 0 || (d.Keep && !forced) {
 				retained = append(retained, lineageRef{cur, d.Seq})
 				continue
