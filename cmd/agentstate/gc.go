@@ -254,6 +254,8 @@ func describeGC(r *gc.Report) string {
 	case r.LineagesCompacted > 0:
 		fmt.Fprintf(&b, "\n  compacted %s idle longer than the window: %d segments retired, %s of live blobs copied",
 			plural(r.LineagesCompacted, "lineage"), r.SegmentsCompacted, humanBytes(r.BytesCompacted))
+	case r.CompactFailed > 0:
+		fmt.Fprintf(&b, "\n  compaction of idle lineages: %s could not be compacted (see the log)", plural(r.CompactFailed, "lineage"))
 	case r.CompactSkipped != "":
 		fmt.Fprintf(&b, "\n  compaction of idle lineages: skipped (%s)", r.CompactSkipped)
 	}

@@ -304,27 +304,36 @@ func (e *Engine) Status(lineage string) (Status, error) {
 // committed (we crashed after the commit, before saving the index), and a
 // GC compaction of our parent (the same tree re-packed while we were idle;
 // m stands on its own, listing every segment its tree needs).
+//
+// Both may repeat (GC compacted twice while we were away; we crashed after
+// a rebased commit), so this goes on along that chain, boundedly.
 func (e *Engine) commit(ctx context.Context, m *manifest.Manifest, writer string) error {
-	err := manifest.Commit(ctx, e.st, m)
-	if !errors.Is(err, manifest.ErrConflict) {
-		return err
+	for range maxRebases {
+		err := manifest.Commit(ctx, e.st, m)
+		if !errors.Is(err, manifest.ErrConflict) {
+			return err
+		}
+		other, lerr := manifest.Load(ctx, e.st, m.Lineage, m.Seq)
+		switch {
+		case lerr != nil:
+			return err
+		case other.Compacts != 0 && other.Compacts == m.Parent:
+			e.log.Info("GC compacted the checkpoint this one builds on; committing after it",
+				"lineage", m.Lineage, "seq", m.Seq+1)
+		case other.Writer != writer:
+			return err
+		default:
+			e.log.Info("sequence already committed by this writer before a crash; committing the next one",
+				"lineage", m.Lineage, "seq", m.Seq)
+		}
+		m.Parent, m.Seq = m.Seq, m.Seq+1
 	}
-	other, lerr := manifest.Load(ctx, e.st, m.Lineage, m.Seq)
-	switch {
-	case lerr != nil:
-		return err
-	case other.Compacts != 0 && other.Compacts == m.Parent:
-		e.log.Info("GC compacted the checkpoint this one builds on; committing after it",
-			"lineage", m.Lineage, "seq", m.Seq+1)
-	case other.Writer != writer:
-		return err
-	default:
-		e.log.Info("sequence already committed by this writer before a crash; committing the next one",
-			"lineage", m.Lineage, "seq", m.Seq)
-	}
-	m.Parent, m.Seq = m.Seq, m.Seq+1
-	return manifest.Commit(ctx, e.st, m)
+	return fmt.Errorf("commit %q seq %d: %w (more than %d compactions or own commits ahead)", m.Lineage, m.Seq, manifest.ErrConflict, maxRebases)
 }
+
+// maxRebases bounds how far commit follows compactions and its own
+// earlier commits.
+const maxRebases = 64
 
 // currentIndex returns the local index, rebuilt from the newest manifest
 // that verifies when it is missing, corrupt or of another tree.

@@ -169,6 +169,7 @@ type Report struct {
 	LineagesCompacted int    `json:"lineages_compacted"`
 	SegmentsCompacted int    `json:"segments_compacted"`
 	BytesCompacted    int64  `json:"bytes_compacted"`
+	CompactFailed     int    `json:"compact_failed,omitempty"`
 	CompactSkipped    string `json:"compact_skipped,omitempty"`
 
 	// Unknown counts objects under manifests/, segments/ and tombstones/
@@ -238,7 +239,10 @@ type run struct {
 	wouldDelete map[[8]byte]struct{}
 	// newest holds each lineage's newest manifest, for compaction.
 	newest []store.ObjectInfo
-	errs   []error
+	// compacts maps a loaded manifest's key to the sequence it compacts
+	// (manifest.Manifest.Compacts), when it is a compaction.
+	compacts map[string]uint64
+	errs     []error
 }
 
 type manTomb struct {
@@ -259,7 +263,7 @@ func Run(ctx context.Context, st store.Store, opts Options) (rep *Report, err er
 		rep:  &Report{DryRun: opts.DryRun, Store: st.String(), Policy: opts.Policy, Grace: opts.Grace},
 		live: map[segments.ID]struct{}{}, seen: map[string]struct{}{},
 		retired: map[string]store.ObjectInfo{}, forgotten: map[string]struct{}{},
-		swept: map[string]struct{}{}}
+		swept: map[string]struct{}{}, compacts: map[string]uint64{}}
 	rep = r.rep
 	defer func() {
 		rep.Durations.Total = time.Since(start)
@@ -332,7 +336,9 @@ func (r *run) do(ctx context.Context, start time.Time) error {
 }
 
 // compactIdle compacts the lineages whose writer has been idle longer
-// than CompactIdle. A failure is recorded and retried by the next run.
+// than CompactIdle. Compaction is housekeeping: a lineage that cannot be
+// compacted (an unreadable segment, which verify reports) is logged and
+// counted, and the run does not fail for it; the next run tries again.
 func (r *run) compactIdle(ctx context.Context) {
 	switch {
 	case r.opts.Compactor == nil || r.opts.CompactIdle < 0:
@@ -348,7 +354,11 @@ func (r *run) compactIdle(ctx context.Context) {
 		lineage, seq, _ := parseManifestKey(o.Key)
 		c, err := r.opts.Compactor.Compact(ctx, lineage, seq)
 		if err != nil {
-			r.errs = append(r.errs, fmt.Errorf("compact %s: %w", lineage, err))
+			if ctx.Err() != nil {
+				return
+			}
+			r.rep.CompactFailed++
+			r.log.Warn("cannot compact an idle lineage; the next run tries again", "lineage", lineage, "err", err)
 			continue
 		}
 		if c.Committed {
@@ -499,8 +509,31 @@ func (r *run) scan(ctx context.Context) error {
 	err := forEach(ctx, r.opts.Parallel, retained, func(ctx context.Context, ref lineageRef) error {
 		return r.loadLive(ctx, ref)
 	})
+	if err != nil {
+		return err
+	}
+	// While a GC compaction is a lineage's newest manifest, the writer may
+	// still build on the checkpoint it re-packed (its index points there)
+	// and commit after it: that parent chain stays retained, whatever the
+	// policy says, until the writer commits again.
+	for _, o := range r.newest {
+		lineage, _, _ := parseManifestKey(o.Key)
+		for key := o.Key; r.compacts[key] != 0; {
+			seq := r.compacts[key]
+			key = manifest.Key(lineage, seq)
+			if _, ok := r.retired[key]; !ok {
+				continue // retained anyway, and loaded
+			}
+			delete(r.retired, key)
+			r.rep.ManifestsRetired--
+			r.rep.ManifestsRetained++
+			if err := r.loadLive(ctx, lineageRef{lineage, seq}); err != nil {
+				return err
+			}
+		}
+	}
 	r.rep.LiveSegments = len(r.live)
-	return err
+	return nil
 }
 
 // loadLive adds the segments of one retained manifest to the live set.
@@ -520,6 +553,9 @@ func (r *run) loadLive(ctx context.Context, ref lineageRef) error {
 	r.mu.Lock()
 	for _, s := range m.Segments {
 		r.live[s] = struct{}{}
+	}
+	if m.Compacts != 0 {
+		r.compacts[manifest.Key(ref.lineage, ref.seq)] = m.Compacts
 	}
 	r.mu.Unlock()
 	return nil
