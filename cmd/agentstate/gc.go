@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"strings"
 	"time"
 
@@ -128,14 +127,10 @@ func newGCCmd(g *globalFlags) *cobra.Command {
 			if compactIdle <= 0 {
 				opts.CompactIdle = -1 // the flag's 0 means never
 			} else {
-				// The engine's state directory only caches the repository
-				// config here: GC compacts from the store alone.
-				tmp, err := os.MkdirTemp("", "agentstate-gc-")
-				if err != nil {
-					return err
-				}
-				defer os.RemoveAll(tmp)
-				e, err := engine.New(st, engine.Options{StateDir: tmp, Parallel: g.parallel, Logger: log})
+				// GC compacts from the store alone: of the state directory
+				// the engine only uses the cached repository config. (Not a
+				// temporary directory: a FROM scratch image has no /tmp.)
+				e, err := engine.New(st, engine.Options{StateDir: g.stateDirPath(), Parallel: g.parallel, Logger: log})
 				if err != nil {
 					return err
 				}
