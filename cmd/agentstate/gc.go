@@ -78,9 +78,9 @@ mostly dead segments are merged into fresh ones), because only the writer may
 commit to its lineage. gc compacts only a lineage whose newest checkpoint is
 older than --compact-idle (24 h): its writer is gone. It commits the same tree,
 re-packed, as the next checkpoint; a writer that comes back commits after it.
-Retired segments become garbage here once no retained checkpoint lists them. Deleted paths are kept in checkpoints
-for the writer's --keep-deleted window, and their bytes are reclaimed here
-after that.
+Retired segments become garbage here once no retained checkpoint lists them.
+Deleted paths are kept in checkpoints for the writer's --keep-deleted window,
+and their bytes are reclaimed here after that.
 
 Exit codes: 0 done; 1 error, or another GC holds the lease; 2 usage;
 5 a retained manifest is damaged (GC deletes nothing until it is dealt with).`
