@@ -193,13 +193,7 @@ func (e *Engine) checkpointLocked(ctx context.Context, opts CheckpointOptions, r
 	if opts.SQLite != nil && e.dbs == nil {
 		return errors.New("checkpoint: databases are configured but the engine has no SQLite support")
 	}
-	r := &checkpointRun{e: e, ctx: ctx, opts: opts, ix: ix,
-		pending: map[segments.ID]*segments.Pending{}, params: e.chunkParams(cfg),
-		started: time.Now(), res: res}
-	r.up = segments.NewUploader(e.st, e.par, e.log)
-	r.data = segments.NewPacker(r.up, segments.KindData, cfg.SegmentSize)
-	r.trees = segments.NewPacker(r.up, segments.KindTree, cfg.SegmentSize)
-	r.lines = segments.NewPacker(r.up, segments.KindLines, cfg.SegmentSize)
+	r := e.newRun(ctx, opts, ix, cfg, time.Now(), res)
 
 	root := &node{typ: manifest.TypeDir}
 	scanErr := r.compact(cfg.SegmentSize)
@@ -269,6 +263,19 @@ func (e *Engine) checkpointLocked(ctx context.Context, opts CheckpointOptions, r
 		e.log.Warn("committed, but cannot save local index", "lineage", opts.Lineage, "err", err)
 	}
 	return dbErr()
+}
+
+// newRun sets up one checkpoint's work on ix: an uploader and a packer per
+// segment kind.
+func (e *Engine) newRun(ctx context.Context, opts CheckpointOptions, ix *index, cfg *manifest.Config, started time.Time, res *CheckpointResult) *checkpointRun {
+	r := &checkpointRun{e: e, ctx: ctx, opts: opts, ix: ix,
+		pending: map[segments.ID]*segments.Pending{}, params: e.chunkParams(cfg),
+		started: started, res: res}
+	r.up = segments.NewUploader(e.st, e.par, e.log)
+	r.data = segments.NewPacker(r.up, segments.KindData, cfg.SegmentSize)
+	r.trees = segments.NewPacker(r.up, segments.KindTree, cfg.SegmentSize)
+	r.lines = segments.NewPacker(r.up, segments.KindLines, cfg.SegmentSize)
+	return r
 }
 
 // recordStatus keeps the outcome for `agentstate status`.
@@ -385,11 +392,9 @@ func (e *Engine) fillIndex(ctx context.Context, ix *index, m *manifest.Manifest)
 	return e.walk(ctx, m.Root, func(rel string, en *manifest.Entry) error {
 		switch en.Type {
 		case manifest.TypeFile, manifest.TypeSymlink:
-			content := make([]segments.Ref, len(en.Content))
-			copy(content, en.Content)
-			ix.Files[rel] = fileState{Type: en.Type, Mode: en.Mode, Size: en.Size, MTime: en.MTime, Target: en.Target,
-				Content: content, Chunks: en.Chunks, Pages: en.Pages, Format: en.Format,
-				Shipped: en.Size, Racy: true, Deleted: en.Deleted}
+			st := storedState(en)
+			st.Racy = true // no stat data: read it once more
+			ix.Files[rel] = st
 		}
 		return nil
 	}, func(rel string, ref segments.Ref, key segments.ID) {

@@ -270,9 +270,7 @@ func (e *Engine) CompactStored(ctx context.Context, lineage string, seq uint64) 
 		case manifest.TypeDir:
 			nodes[rel] = c
 		default:
-			st := fileState{Type: en.Type, Mode: en.Mode, Size: en.Size, MTime: en.MTime, Target: en.Target,
-				Content: slices.Clone(en.Content), Chunks: en.Chunks, Pages: en.Pages, Format: en.Format,
-				Shipped: en.Size, Deleted: en.Deleted}
+			st := storedState(en)
 			ix.Files[rel] = st
 			c.state = st
 		}
@@ -284,12 +282,7 @@ func (e *Engine) CompactStored(ctx context.Context, lineage string, seq uint64) 
 	if err != nil {
 		return res, fmt.Errorf("compact %q seq %d: read its tree: %w", lineage, seq, err)
 	}
-	r := &checkpointRun{e: e, ctx: ctx, opts: CheckpointOptions{Lineage: lineage}, ix: ix,
-		pending: map[segments.ID]*segments.Pending{}, params: e.chunkParams(cfg), started: start, res: res}
-	r.up = segments.NewUploader(e.st, e.par, e.log)
-	r.data = segments.NewPacker(r.up, segments.KindData, cfg.SegmentSize)
-	r.trees = segments.NewPacker(r.up, segments.KindTree, cfg.SegmentSize)
-	r.lines = segments.NewPacker(r.up, segments.KindLines, cfg.SegmentSize)
+	r := e.newRun(ctx, CheckpointOptions{Lineage: lineage}, ix, cfg, start, res)
 	if err := r.compact(cfg.SegmentSize); err != nil {
 		return res, err
 	}

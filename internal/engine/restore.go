@@ -225,9 +225,7 @@ func (e *Engine) restoreManifest(ctx context.Context, m *manifest.Manifest, root
 			}
 		case en.Deleted != 0 && !opts.IncludeDeleted && opts.Path == "":
 			if en.Type != manifest.TypeDir {
-				kept[rel] = fileState{Type: en.Type, Mode: en.Mode, Size: en.Size, MTime: en.MTime,
-					Target: en.Target, Content: en.Content, Chunks: en.Chunks, Pages: en.Pages,
-					Format: en.Format, Shipped: en.Size, Deleted: en.Deleted}
+				kept[rel] = storedState(en)
 			}
 			return nil
 		}

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -63,6 +64,14 @@ type fileState struct {
 	// Deleted marks a deletion tombstone: when the path left the tree
 	// (Unix ns). Its content stays referenced until the window ends.
 	Deleted int64 `json:"del,omitempty"`
+}
+
+// storedState is what a stored file or symlink entry tells the index: its
+// content and metadata, no stat data.
+func storedState(en *manifest.Entry) fileState {
+	return fileState{Type: en.Type, Mode: en.Mode, Size: en.Size, MTime: en.MTime, Target: en.Target,
+		Content: slices.Clone(en.Content), Chunks: en.Chunks, Pages: en.Pages, Format: en.Format,
+		Shipped: en.Size, Deleted: en.Deleted}
 }
 
 // dirState remembers each directory's last tree blob, so a directory whose
